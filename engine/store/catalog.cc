@@ -1,0 +1,366 @@
+#include "engine/store/catalog.h"
+
+#include <cstring>
+#include <vector>
+
+#include "engine/util/coding.h"
+
+namespace ckptfs {
+namespace {
+
+constexpr size_t kMapSize = size_t{1} << 40;  // address space only; the file grows as used
+constexpr uint8_t kRowVersion = 1;
+
+Status LmdbError(int rc, std::string_view what) {
+  std::string msg = "catalog " + std::string(what) + ": " + mdb_strerror(rc);
+  if (rc == ENOSPC || rc == MDB_MAP_FULL) return Status::NoSpace(msg);
+  if (rc == MDB_CORRUPTED || rc == MDB_PAGE_NOTFOUND || rc == MDB_INVALID) {
+    return Status::Corruption(msg);
+  }
+  return Status::IOError(msg);
+}
+
+MDB_val Val(const void* data, size_t size) { return {size, const_cast<void*>(data)}; }
+
+struct Key64 {
+  std::byte b[8];
+  explicit Key64(uint64_t v) { PutBE64(b, v); }
+  MDB_val val() const { return Val(b, 8); }
+};
+struct Key32 {
+  std::byte b[4];
+  explicit Key32(uint32_t v) { PutBE32(b, v); }
+  MDB_val val() const { return Val(b, 4); }
+};
+struct RefKey {
+  std::byte b[16];
+  RefKey(ContentId c, uint64_t off) {
+    PutBE64(b, c);
+    PutBE64(b + 8, off);
+  }
+  MDB_val val() const { return Val(b, 16); }
+};
+
+// ChunkRow: version(1) pack(4) offset(8) length(4) raw_len(4) codec(1) checksum(8) refcount(8)
+constexpr size_t kChunkRowBytes = 38;
+void EncodeChunkRow(const ChunkRow& r, std::byte* out) {
+  out[0] = std::byte{kRowVersion};
+  PutLE<uint32_t>(out + 1, r.pack_id);
+  PutLE<uint64_t>(out + 5, r.offset);
+  PutLE<uint32_t>(out + 13, r.length);
+  PutLE<uint32_t>(out + 17, r.raw_len);
+  out[21] = static_cast<std::byte>(r.codec);
+  PutLE<uint64_t>(out + 22, r.checksum);
+  PutLE<uint64_t>(out + 30, r.refcount);
+}
+Result<ChunkRow> DecodeChunkRow(const MDB_val& v) {
+  const auto* p = static_cast<const std::byte*>(v.mv_data);
+  if (v.mv_size != kChunkRowBytes || p[0] != std::byte{kRowVersion}) {
+    return Status::Corruption("catalog chunk row has an unknown layout");
+  }
+  ChunkRow r;
+  r.pack_id = GetLE<uint32_t>(p + 1);
+  r.offset = GetLE<uint64_t>(p + 5);
+  r.length = GetLE<uint32_t>(p + 13);
+  r.raw_len = GetLE<uint32_t>(p + 17);
+  r.codec = static_cast<Codec>(p[21]);
+  r.checksum = GetLE<uint64_t>(p + 22);
+  r.refcount = GetLE<uint64_t>(p + 30);
+  return r;
+}
+
+constexpr size_t kContentRowBytes = 24;
+constexpr size_t kChunkRefBytes = 36;
+
+ChunkRef DecodeChunkRef(const MDB_val& k, const MDB_val& v) {
+  ChunkRef ref;
+  ref.offset = GetBE64(static_cast<const std::byte*>(k.mv_data) + 8);
+  std::memcpy(ref.id.bytes.data(), v.mv_data, 32);
+  ref.length = GetLE<uint32_t>(static_cast<const std::byte*>(v.mv_data) + 32);
+  return ref;
+}
+
+// Runs fn over [first, ...) of a table; `first` null means from the start.
+Status Scan(MDB_txn* txn, MDB_dbi dbi, const MDB_val* first,
+            const std::function<bool(const MDB_val&, const MDB_val&)>& fn) {
+  MDB_cursor* cur = nullptr;
+  int rc = mdb_cursor_open(txn, dbi, &cur);
+  if (rc != 0) return LmdbError(rc, "cursor");
+  MDB_val k = first ? *first : MDB_val{}, v{};
+  rc = mdb_cursor_get(cur, &k, &v, first ? MDB_SET_RANGE : MDB_FIRST);
+  while (rc == 0) {
+    if (!fn(k, v)) break;
+    rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT);
+  }
+  mdb_cursor_close(cur);
+  if (rc != 0 && rc != MDB_NOTFOUND) return LmdbError(rc, "scan");
+  return Status::OK();
+}
+
+// Gets a value; nullopt when absent.
+Result<std::optional<MDB_val>> Get(MDB_txn* txn, MDB_dbi dbi, MDB_val key) {
+  MDB_val v;
+  int rc = mdb_get(txn, dbi, &key, &v);
+  if (rc == MDB_NOTFOUND) return std::optional<MDB_val>();
+  if (rc != 0) return LmdbError(rc, "get");
+  return std::optional<MDB_val>(v);
+}
+
+Status Put(MDB_txn* txn, MDB_dbi dbi, MDB_val key, const void* data, size_t size) {
+  MDB_val v = Val(data, size);
+  int rc = mdb_put(txn, dbi, &key, &v, 0);
+  return rc == 0 ? Status::OK() : LmdbError(rc, "put");
+}
+
+Status Del(MDB_txn* txn, MDB_dbi dbi, MDB_val key) {
+  int rc = mdb_del(txn, dbi, &key, nullptr);
+  return rc == 0 || rc == MDB_NOTFOUND ? Status::OK() : LmdbError(rc, "delete");
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Catalog>> Catalog::Open(const std::filesystem::path& dir) {
+  std::unique_ptr<Catalog> c(new Catalog());
+  c->dir_ = dir;
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return Status::IOError("create " + dir.string() + ": " + ec.message());
+  int rc = mdb_env_create(&c->env_);
+  if (rc == 0) rc = mdb_env_set_mapsize(c->env_, kMapSize);
+  if (rc == 0) rc = mdb_env_set_maxdbs(c->env_, 32);
+  if (rc == 0) rc = mdb_env_set_maxreaders(c->env_, 1024);
+  if (rc == 0) rc = mdb_env_open(c->env_, dir.c_str(), MDB_NOTLS, 0644);
+  if (rc != 0) return LmdbError(rc, "open " + dir.string());
+  MDB_txn* txn = nullptr;
+  rc = mdb_txn_begin(c->env_, nullptr, 0, &txn);
+  if (rc != 0) return LmdbError(rc, "begin");
+  const std::pair<const char*, MDB_dbi*> tables[] = {
+      {"chunks", &c->t_.chunks},   {"packs", &c->t_.packs},
+      {"contents", &c->t_.contents}, {"content_chunks", &c->t_.content_chunks},
+      {"names", &c->t_.names},     {"meta", &c->t_.meta}};
+  for (const auto& [name, dbi] : tables) {
+    rc = mdb_dbi_open(txn, name, MDB_CREATE, dbi);
+    if (rc != 0) {
+      mdb_txn_abort(txn);
+      return LmdbError(rc, std::string("open table ") + name);
+    }
+  }
+  rc = mdb_txn_commit(txn);
+  if (rc != 0) return LmdbError(rc, "commit");
+  return c;
+}
+
+Catalog::~Catalog() {
+  if (env_ != nullptr) mdb_env_close(env_);
+}
+
+Result<Catalog::ReadTxn> Catalog::BeginRead() const {
+  MDB_txn* txn = nullptr;
+  int rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn);
+  if (rc != 0) return LmdbError(rc, "begin read");
+  return ReadTxn(txn, t_);
+}
+
+Result<Catalog::WriteTxn> Catalog::BeginWrite() {
+  MDB_txn* txn = nullptr;
+  int rc = mdb_txn_begin(env_, nullptr, 0, &txn);
+  if (rc != 0) return LmdbError(rc, "begin write");
+  return WriteTxn(txn, t_);
+}
+
+Catalog::ReadTxn::~ReadTxn() {
+  if (txn_ != nullptr) mdb_txn_abort(txn_);
+}
+
+Result<std::optional<ChunkRow>> Catalog::ReadTxn::GetChunk(const ChunkId& id) const {
+  CKPTFS_ASSIGN_OR_RETURN(auto v, Get(txn_, t_.chunks, Val(id.bytes.data(), 32)));
+  if (!v) return std::optional<ChunkRow>();
+  CKPTFS_ASSIGN_OR_RETURN(ChunkRow row, DecodeChunkRow(*v));
+  return std::optional<ChunkRow>(row);
+}
+
+Result<std::optional<PackRow>> Catalog::ReadTxn::GetPack(uint32_t pack_id) const {
+  CKPTFS_ASSIGN_OR_RETURN(auto v, Get(txn_, t_.packs, Key32(pack_id).val()));
+  if (!v) return std::optional<PackRow>();
+  if (v->mv_size != 8) return Status::Corruption("catalog pack row has an unknown layout");
+  return std::optional<PackRow>(PackRow{GetLE<uint64_t>(v->mv_data)});
+}
+
+Result<std::optional<ContentRow>> Catalog::ReadTxn::GetContent(ContentId id) const {
+  CKPTFS_ASSIGN_OR_RETURN(auto v, Get(txn_, t_.contents, Key64(id).val()));
+  if (!v) return std::optional<ContentRow>();
+  if (v->mv_size != kContentRowBytes) {
+    return Status::Corruption("catalog content row has an unknown layout");
+  }
+  const auto* p = static_cast<const std::byte*>(v->mv_data);
+  return std::optional<ContentRow>(
+      ContentRow{GetLE<uint64_t>(p), GetLE<uint64_t>(p + 8), GetLE<uint64_t>(p + 16)});
+}
+
+Result<std::optional<ContentId>> Catalog::ReadTxn::GetName(std::string_view name) const {
+  CKPTFS_ASSIGN_OR_RETURN(auto v, Get(txn_, t_.names, Val(name.data(), name.size())));
+  if (!v) return std::optional<ContentId>();
+  if (v->mv_size != 8) return Status::Corruption("catalog name row has an unknown layout");
+  return std::optional<ContentId>(GetLE<uint64_t>(v->mv_data));
+}
+
+Result<uint64_t> Catalog::ReadTxn::GetCounter(std::string_view key) const {
+  CKPTFS_ASSIGN_OR_RETURN(auto v, Get(txn_, t_.meta, Val(key.data(), key.size())));
+  if (!v) return uint64_t{0};
+  if (v->mv_size != 8) return Status::Corruption("catalog counter has an unknown layout");
+  return GetLE<uint64_t>(v->mv_data);
+}
+
+Result<std::optional<ChunkRef>> Catalog::ReadTxn::ChunkAt(ContentId content,
+                                                         uint64_t offset) const {
+  std::optional<ChunkRef> found;
+  CKPTFS_RETURN_IF_ERROR(ForEachChunkRef(content, offset, [&](const ChunkRef& ref) {
+    found = ref;
+    return false;
+  }));
+  if (found && offset >= found->offset + found->length) found.reset();
+  return found;
+}
+
+Status Catalog::ReadTxn::ForEachChunk(
+    const std::function<bool(const ChunkId&, const ChunkRow&)>& fn) const {
+  Status err;
+  Status s = Scan(txn_, t_.chunks, nullptr, [&](const MDB_val& k, const MDB_val& v) {
+    auto row = DecodeChunkRow(v);
+    if (!row.ok() || k.mv_size != 32) {
+      err = row.ok() ? Status::Corruption("catalog chunk key has an unknown layout")
+                     : row.status();
+      return false;
+    }
+    ChunkId id;
+    std::memcpy(id.bytes.data(), k.mv_data, 32);
+    return fn(id, *row);
+  });
+  return s.ok() ? err : s;
+}
+
+Status Catalog::ReadTxn::ForEachPack(const std::function<bool(uint32_t, const PackRow&)>& fn) const {
+  return Scan(txn_, t_.packs, nullptr, [&](const MDB_val& k, const MDB_val& v) {
+    return fn(GetBE32(k.mv_data), PackRow{GetLE<uint64_t>(v.mv_data)});
+  });
+}
+
+Status Catalog::ReadTxn::ForEachContent(
+    const std::function<bool(ContentId, const ContentRow&)>& fn) const {
+  return Scan(txn_, t_.contents, nullptr, [&](const MDB_val& k, const MDB_val& v) {
+    const auto* p = static_cast<const std::byte*>(v.mv_data);
+    return fn(GetBE64(k.mv_data),
+              ContentRow{GetLE<uint64_t>(p), GetLE<uint64_t>(p + 8), GetLE<uint64_t>(p + 16)});
+  });
+}
+
+Status Catalog::ReadTxn::ForEachChunkRef(ContentId content, uint64_t from,
+                                         const std::function<bool(const ChunkRef&)>& fn) const {
+  MDB_cursor* cur = nullptr;
+  int rc = mdb_cursor_open(txn_, t_.content_chunks, &cur);
+  if (rc != 0) return LmdbError(rc, "cursor");
+  RefKey start(content, from);
+  MDB_val k = start.val(), v{};
+  // Find the first ref at or after `from`, then step back if the previous ref covers it.
+  rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE);
+  bool exact = rc == 0 && std::memcmp(k.mv_data, start.b, 16) == 0;
+  if (!exact) {
+    int prev = rc == 0 ? mdb_cursor_get(cur, &k, &v, MDB_PREV)
+                       : mdb_cursor_get(cur, &k, &v, MDB_LAST);
+    if (prev == 0 && GetBE64(k.mv_data) == content) {
+      rc = 0;  // the ref before `from` covers it
+    } else if (rc == 0) {
+      k = start.val();  // no ref covers `from`: start at the first one after it
+      rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE);
+    }
+  }
+  while (rc == 0 && k.mv_size == 16 && GetBE64(k.mv_data) == content) {
+    if (!fn(DecodeChunkRef(k, v))) break;
+    rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT);
+  }
+  mdb_cursor_close(cur);
+  if (rc != 0 && rc != MDB_NOTFOUND) return LmdbError(rc, "scan chunk refs");
+  return Status::OK();
+}
+
+Status Catalog::ReadTxn::ForEachName(
+    const std::function<bool(std::string_view, ContentId)>& fn) const {
+  return Scan(txn_, t_.names, nullptr, [&](const MDB_val& k, const MDB_val& v) {
+    return fn(std::string_view(static_cast<const char*>(k.mv_data), k.mv_size),
+              GetLE<uint64_t>(v.mv_data));
+  });
+}
+
+Status Catalog::WriteTxn::PutChunk(const ChunkId& id, const ChunkRow& row) {
+  std::byte buf[kChunkRowBytes];
+  EncodeChunkRow(row, buf);
+  return Put(txn_, t_.chunks, Val(id.bytes.data(), 32), buf, sizeof(buf));
+}
+
+Status Catalog::WriteTxn::DeleteChunk(const ChunkId& id) {
+  return Del(txn_, t_.chunks, Val(id.bytes.data(), 32));
+}
+
+Status Catalog::WriteTxn::PutPack(uint32_t pack_id, const PackRow& row) {
+  std::byte buf[8];
+  PutLE<uint64_t>(buf, row.committed);
+  return Put(txn_, t_.packs, Key32(pack_id).val(), buf, sizeof(buf));
+}
+
+Status Catalog::WriteTxn::DeletePack(uint32_t pack_id) {
+  return Del(txn_, t_.packs, Key32(pack_id).val());
+}
+
+Status Catalog::WriteTxn::PutContent(ContentId id, const ContentRow& row) {
+  std::byte buf[kContentRowBytes];
+  PutLE<uint64_t>(buf, row.size);
+  PutLE<uint64_t>(buf + 8, row.chunk_count);
+  PutLE<uint64_t>(buf + 16, row.created_unix_ns);
+  return Put(txn_, t_.contents, Key64(id).val(), buf, sizeof(buf));
+}
+
+Status Catalog::WriteTxn::DeleteContent(ContentId id) {
+  std::vector<uint64_t> offsets;
+  CKPTFS_RETURN_IF_ERROR(ForEachChunkRef(id, 0, [&](const ChunkRef& ref) {
+    offsets.push_back(ref.offset);
+    return true;
+  }));
+  for (uint64_t offset : offsets) {
+    CKPTFS_RETURN_IF_ERROR(Del(txn_, t_.content_chunks, RefKey(id, offset).val()));
+  }
+  return Del(txn_, t_.contents, Key64(id).val());
+}
+
+Status Catalog::WriteTxn::PutChunkRef(ContentId content, const ChunkRef& ref) {
+  std::byte buf[kChunkRefBytes];
+  std::memcpy(buf, ref.id.bytes.data(), 32);
+  PutLE<uint32_t>(buf + 32, ref.length);
+  return Put(txn_, t_.content_chunks, RefKey(content, ref.offset).val(), buf, sizeof(buf));
+}
+
+Status Catalog::WriteTxn::PutName(std::string_view name, ContentId id) {
+  if (name.empty() || name.size() > 511) {
+    return Status::InvalidArgument("a name must be 1 to 511 bytes");
+  }
+  std::byte buf[8];
+  PutLE<uint64_t>(buf, id);
+  return Put(txn_, t_.names, Val(name.data(), name.size()), buf, sizeof(buf));
+}
+
+Status Catalog::WriteTxn::DeleteName(std::string_view name) {
+  return Del(txn_, t_.names, Val(name.data(), name.size()));
+}
+
+Status Catalog::WriteTxn::PutCounter(std::string_view key, uint64_t value) {
+  std::byte buf[8];
+  PutLE<uint64_t>(buf, value);
+  return Put(txn_, t_.meta, Val(key.data(), key.size()), buf, sizeof(buf));
+}
+
+Status Catalog::WriteTxn::Commit() {
+  int rc = mdb_txn_commit(txn_);
+  txn_ = nullptr;
+  return rc == 0 ? Status::OK() : LmdbError(rc, "commit");
+}
+
+}  // namespace ckptfs

@@ -1,0 +1,140 @@
+// engine/store/catalog.h
+//
+// The store's metadata in one LMDB environment, as typed tables:
+//
+//   chunks          ChunkId            -> ChunkRow (where the record is, its codec, refcount)
+//   packs           pack id (BE32)     -> PackRow  (committed length)
+//   contents        content id (BE64)  -> ContentRow (logical size, chunk count)
+//   content_chunks  content id, offset -> ChunkRef (the chunk that starts at that offset)
+//   names           UTF-8 name         -> content id (the CLI's put/get namespace)
+//   meta            key                -> u64 (counters such as the next content id)
+//
+// Keys are big-endian so a cursor walks a content's chunks in offset order and ChunkAt() finds
+// the chunk covering an offset in O(log n). The FUSE namespace and version tables of later
+// issues are further tables in the same environment, committed in the same transactions.
+//
+// Transactions: any number of readers (MVCC snapshots, usable from any thread) and one writer
+// at a time; a WriteTxn that is not committed aborts when destroyed. Commit() is durable.
+#pragma once
+
+#include <lmdb.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "engine/codec/codec.h"
+#include "engine/hash/chunk_id.h"
+#include "engine/util/status.h"
+
+namespace ckptfs {
+
+using ContentId = uint64_t;
+
+struct ChunkRow {
+  uint32_t pack_id = 0;
+  uint64_t offset = 0;      // of the record header in the pack
+  uint32_t length = 0;      // record bytes: header + payload
+  uint32_t raw_len = 0;
+  Codec codec = Codec::kNone;
+  uint64_t checksum = 0;    // XXH3-64 of the payload
+  uint64_t refcount = 0;    // content references; 0 means garbage for the next gc
+};
+
+struct PackRow {
+  uint64_t committed = 0;   // bytes that committed records may lie in
+};
+
+struct ContentRow {
+  uint64_t size = 0;
+  uint64_t chunk_count = 0;
+  uint64_t created_unix_ns = 0;
+};
+
+struct ChunkRef {
+  uint64_t offset = 0;      // in the content
+  ChunkId id;
+  uint32_t length = 0;      // raw bytes
+};
+
+class Catalog {
+ public:
+  // Opens (creating if needed) the LMDB environment in `dir`.
+  static Result<std::unique_ptr<Catalog>> Open(const std::filesystem::path& dir);
+  ~Catalog();
+  Catalog(const Catalog&) = delete;
+  Catalog& operator=(const Catalog&) = delete;
+
+  class ReadTxn;
+  class WriteTxn;
+  Result<ReadTxn> BeginRead() const;
+  // Blocks while another write transaction is open.
+  Result<WriteTxn> BeginWrite();
+
+ private:
+  struct Tables {
+    MDB_dbi chunks, packs, contents, content_chunks, names, meta;
+  };
+  Catalog() = default;
+  MDB_env* env_ = nullptr;
+  Tables t_{};
+  std::filesystem::path dir_;
+};
+
+class Catalog::ReadTxn {
+ public:
+  ReadTxn(ReadTxn&& o) noexcept : txn_(o.txn_), t_(o.t_) { o.txn_ = nullptr; }
+  ReadTxn& operator=(ReadTxn&&) = delete;
+  ~ReadTxn();  // a write transaction that was not committed aborts
+
+  Result<std::optional<ChunkRow>> GetChunk(const ChunkId& id) const;
+  Result<std::optional<PackRow>> GetPack(uint32_t pack_id) const;
+  Result<std::optional<ContentRow>> GetContent(ContentId id) const;
+  Result<std::optional<ContentId>> GetName(std::string_view name) const;
+  Result<uint64_t> GetCounter(std::string_view key) const;  // 0 when absent
+  // The chunk of `content` that covers `offset`, or nullopt past the end.
+  Result<std::optional<ChunkRef>> ChunkAt(ContentId content, uint64_t offset) const;
+
+  // Visitors stop early (and return OK) when fn returns false.
+  Status ForEachChunk(const std::function<bool(const ChunkId&, const ChunkRow&)>& fn) const;
+  Status ForEachPack(const std::function<bool(uint32_t, const PackRow&)>& fn) const;
+  Status ForEachContent(const std::function<bool(ContentId, const ContentRow&)>& fn) const;
+  // The chunks of `content` in offset order, starting with the one that covers `from`.
+  Status ForEachChunkRef(ContentId content, uint64_t from,
+                         const std::function<bool(const ChunkRef&)>& fn) const;
+  Status ForEachName(const std::function<bool(std::string_view, ContentId)>& fn) const;
+
+ protected:
+  friend class Catalog;
+  ReadTxn(MDB_txn* txn, const Tables& t) : txn_(txn), t_(t) {}
+  MDB_txn* txn_;
+  Tables t_;
+};
+
+class Catalog::WriteTxn : public ReadTxn {
+ public:
+  WriteTxn(WriteTxn&& o) noexcept = default;
+
+  Status PutChunk(const ChunkId& id, const ChunkRow& row);
+  Status DeleteChunk(const ChunkId& id);
+  Status PutPack(uint32_t pack_id, const PackRow& row);
+  Status DeletePack(uint32_t pack_id);
+  Status PutContent(ContentId id, const ContentRow& row);
+  // Deletes the content row and all its chunk refs (refcounts are the caller's business).
+  Status DeleteContent(ContentId id);
+  Status PutChunkRef(ContentId content, const ChunkRef& ref);
+  Status PutName(std::string_view name, ContentId id);
+  Status DeleteName(std::string_view name);
+  Status PutCounter(std::string_view key, uint64_t value);
+  // Durable when it returns OK. The transaction is finished either way.
+  Status Commit();
+
+ private:
+  friend class Catalog;
+  using ReadTxn::ReadTxn;
+};
+
+}  // namespace ckptfs

@@ -1,0 +1,42 @@
+#include "engine/store/chunk_cache.h"
+
+namespace ckptfs {
+
+ChunkCache::ChunkCache(size_t capacity_bytes) : capacity_(capacity_bytes), shards_(kShards) {}
+
+std::shared_ptr<const Buffer> ChunkCache::Lookup(const ChunkId& id) {
+  Shard& s = ShardFor(id);
+  std::lock_guard lock(s.mu);
+  auto it = s.index.find(id);
+  if (it == s.index.end()) return nullptr;
+  s.lru.splice(s.lru.begin(), s.lru, it->second);
+  return it->second->second;
+}
+
+void ChunkCache::Insert(const ChunkId& id, std::shared_ptr<const Buffer> chunk) {
+  const size_t shard_capacity = capacity_ / kShards;
+  if (chunk->size() > shard_capacity) return;
+  Shard& s = ShardFor(id);
+  std::lock_guard lock(s.mu);
+  if (s.index.count(id) != 0) return;
+  s.bytes += chunk->size();
+  s.lru.emplace_front(id, std::move(chunk));
+  s.index[id] = s.lru.begin();
+  while (s.bytes > shard_capacity) {
+    auto& victim = s.lru.back();
+    s.bytes -= victim.second->size();
+    s.index.erase(victim.first);
+    s.lru.pop_back();
+  }
+}
+
+size_t ChunkCache::size_bytes() const {
+  size_t total = 0;
+  for (const auto& s : shards_) {
+    std::lock_guard lock(s.mu);
+    total += s.bytes;
+  }
+  return total;
+}
+
+}  // namespace ckptfs

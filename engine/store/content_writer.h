@@ -1,0 +1,82 @@
+// engine/store/content_writer.h
+//
+// Streams one content into the store. Append() cuts the bytes into chunks (FastCDC, or only
+// where the caller says in kCallerOnly mode) and queues each chunk for hashing, dedup and
+// compression on the store's worker pool; Append() blocks while the store's in-flight budget
+// is full (backpressure), so memory stays bounded however fast the caller writes.
+//
+//   auto w = store->NewWriter();
+//   w->SetCutMode(ContentWriter::CutMode::kCallerOnly);   // format-aware callers
+//   CKPTFS_RETURN_IF_ERROR(w->Append(header));
+//   CKPTFS_RETURN_IF_ERROR(w->Cut());                     // a chunk ends here
+//   CKPTFS_ASSIGN_OR_RETURN(ContentId id, w->Finish());
+//
+// Finish() waits for the pipeline, makes the records durable and commits the content; a hook
+// runs inside that same catalog transaction (to bind the content to a name or inode). A writer
+// destroyed without Finish() abandons its content: nothing becomes visible.
+// Thread-compatible: one thread drives a writer.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+
+#include "engine/chunk/fastcdc.h"
+#include "engine/store/catalog.h"
+#include "engine/util/buffer.h"
+#include "engine/util/status.h"
+
+namespace ckptfs {
+
+class Store;
+
+class ContentWriter {
+ public:
+  enum class CutMode {
+    kContentDefined,  // FastCDC boundaries, plus the caller's Cut()s
+    kCallerOnly,      // only the caller's Cut()s, and the maximum chunk size
+  };
+  using CommitHook = std::function<Status(Catalog::WriteTxn&, ContentId)>;
+
+  ~ContentWriter();
+  ContentWriter(const ContentWriter&) = delete;
+  ContentWriter& operator=(const ContentWriter&) = delete;
+
+  Status Append(Bytes data);
+  // Ends the current chunk here (no-op at a chunk boundary).
+  Status Cut();
+  void SetCutMode(CutMode mode) { mode_ = mode; }
+  uint64_t size() const { return size_; }
+  // REQUIRES: not yet finished. On error the content is abandoned.
+  Result<ContentId> Finish(const CommitHook& hook = nullptr);
+
+ private:
+  friend class Store;
+  struct Slot {
+    ChunkRef ref;
+    ChunkRow row;
+    bool pinned = false;
+  };
+  explicit ContentWriter(Store* store);
+  void Submit();
+  void WaitIdle();
+  void Abandon();
+
+  Store* const store_;
+  FastCdc cdc_;
+  CutMode mode_ = CutMode::kContentDefined;
+  Buffer current_;
+  uint64_t size_ = 0;
+  uint64_t chunk_start_ = 0;
+  bool finished_ = false;
+
+  std::mutex mu_;
+  std::condition_variable idle_cv_;
+  std::deque<Slot> slots_;  // GUARDED_BY(mu_) for insertion; each task fills its own slot
+  size_t pending_ = 0;      // GUARDED_BY(mu_)
+  Status error_;            // GUARDED_BY(mu_)
+};
+
+}  // namespace ckptfs

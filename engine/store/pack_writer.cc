@@ -1,0 +1,252 @@
+#include "engine/store/pack_writer.h"
+
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <sys/uio.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace ckptfs {
+namespace {
+constexpr unsigned kRingDepth = 64;
+}
+
+struct PackWriter::InflightWrite {
+  uint32_t pack_id = 0;
+  uint64_t offset = 0;
+  std::shared_ptr<FileDescriptor> fd;
+  std::byte header[kRecordHeaderBytes];
+  Buffer payload;
+  iovec iov[2];
+  size_t total() const { return kRecordHeaderBytes + payload.size(); }
+};
+
+PackWriter::PackWriter(std::filesystem::path dir, Options options)
+    : dir_(std::move(dir)), options_(options) {}
+
+PackWriter::~PackWriter() {
+  std::lock_guard lock(mu_);
+  if (uring_ok_) {
+    (void)WaitAllInflight();
+    io_uring_queue_exit(&ring_);
+  }
+}
+
+Result<std::unique_ptr<PackWriter>> PackWriter::Open(const std::filesystem::path& dir,
+                                                     const Options& options,
+                                                     std::optional<PackExtent> resume,
+                                                     uint32_t next_id) {
+  std::unique_ptr<PackWriter> w(new PackWriter(dir, options));
+  if (options.use_io_uring) {
+    int rc = io_uring_queue_init(kRingDepth, &w->ring_, 0);
+    if (rc == 0) {
+      w->uring_ok_ = true;
+    } else {
+      spdlog::info("io_uring unavailable ({}); pack writes use pwrite", std::strerror(-rc));
+    }
+  }
+  std::lock_guard lock(w->mu_);
+  w->next_id_ = next_id;
+  if (resume && resume->length < options.target_bytes) {
+    CKPTFS_RETURN_IF_ERROR(w->StartPack(resume->pack_id, resume->length));
+  }
+  return w;
+}
+
+Status PackWriter::StartPack(uint32_t id, std::optional<uint64_t> resume_length) {
+  PackState st;
+  st.id = id;
+  st.path = dir_ / PackFileName(id);
+  int flags = O_WRONLY | (resume_length ? 0 : O_CREAT | O_EXCL);
+  CKPTFS_ASSIGN_OR_RETURN(FileDescriptor fd, OpenFile(st.path, flags));
+  st.fd = std::make_shared<FileDescriptor>(std::move(fd));
+  if (resume_length) {
+    st.length = st.synced = *resume_length;
+  } else {
+    std::byte header[kPackHeaderBytes];
+    EncodePackHeader(id, header);
+    Status s = PWriteFull(st.fd->get(), 0, {header, kPackHeaderBytes}, st.path);
+    if (s.ok()) s = DataSync(st.fd->get(), st.path);
+    if (s.ok()) s = SyncDir(dir_);
+    if (!s.ok()) {
+      ::unlink(st.path.c_str());
+      return s;
+    }
+    st.length = st.synced = kPackHeaderBytes;
+  }
+  if (id >= next_id_) next_id_ = id + 1;
+  packs_[id] = std::move(st);
+  active_ = id;
+  return Status::OK();
+}
+
+Result<PackLocation> PackWriter::Append(const RecordHeader& header, Buffer payload) {
+  std::lock_guard lock(mu_);
+  if (uring_ok_) Reap(false);
+  PackState* st = active_ ? &State(active_) : nullptr;
+  size_t total = kRecordHeaderBytes + payload.size();
+  bool full = st && st->length + total > options_.target_bytes && st->length > kPackHeaderBytes;
+  if (!st || full || st->failed_at != UINT64_MAX) {
+    if (st) CKPTFS_RETURN_IF_ERROR(RotateLocked());
+    CKPTFS_RETURN_IF_ERROR(StartPack(next_id_, std::nullopt));
+    st = &State(active_);
+  }
+  auto write = std::make_unique<InflightWrite>();
+  write->pack_id = st->id;
+  write->offset = st->length;
+  write->fd = st->fd;
+  header.EncodeTo(write->header);
+  write->payload = std::move(payload);
+  PackLocation loc{st->id, st->length, static_cast<uint32_t>(total)};
+  st->length += total;
+  CKPTFS_RETURN_IF_ERROR(SubmitWrite(std::move(write)));
+  return loc;
+}
+
+Status PackWriter::SubmitWrite(std::unique_ptr<InflightWrite> write) {
+  if (uring_ok_) {
+    while (inflight_ >= kRingDepth) Reap(true);
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+    if (sqe != nullptr) {
+      write->iov[0] = {write->header, kRecordHeaderBytes};
+      write->iov[1] = {write->payload.data(), write->payload.size()};
+      io_uring_prep_writev(sqe, write->fd->get(), write->iov, write->payload.empty() ? 1 : 2,
+                           write->offset);
+      io_uring_sqe_set_data(sqe, write.get());
+      int rc = io_uring_submit(&ring_);
+      if (rc >= 1) {
+        write.release();  // owned by the ring until Complete()
+        ++inflight_;
+        return Status::OK();
+      }
+      spdlog::warn("io_uring submit failed ({}); falling back to pwrite", std::strerror(-rc));
+    }
+  }
+  // pwrite path (also the fallback when the ring refuses a submission).
+  const PackState& st = State(write->pack_id);
+  Status s = PWriteFull(write->fd->get(), write->offset, {write->header, kRecordHeaderBytes},
+                        st.path);
+  if (s.ok()) s = PWriteFull(write->fd->get(), write->offset + kRecordHeaderBytes,
+                             write->payload.bytes(), st.path);
+  Complete(write.get(), s.ok() ? static_cast<int>(write->total()) : -s.ToErrno());
+  if (!s.ok()) last_error_ = s;
+  return s;
+}
+
+void PackWriter::Reap(bool wait_one) {
+  io_uring_cqe* cqe = nullptr;
+  if (wait_one) {
+    int rc = io_uring_wait_cqe(&ring_, &cqe);
+    if (rc < 0) return;
+  }
+  while ((cqe != nullptr) || io_uring_peek_cqe(&ring_, &cqe) == 0) {
+    auto* write = static_cast<InflightWrite*>(io_uring_cqe_get_data(cqe));
+    int res = cqe->res;
+    io_uring_cqe_seen(&ring_, cqe);
+    cqe = nullptr;
+    --inflight_;
+    std::unique_ptr<InflightWrite> owned(write);
+    if (res >= 0 && static_cast<size_t>(res) < write->total()) {
+      // Short write: finish it synchronously.
+      size_t done = static_cast<size_t>(res);
+      Buffer rest(write->total() - done);
+      std::byte whole_header[kRecordHeaderBytes];
+      std::memcpy(whole_header, write->header, kRecordHeaderBytes);
+      size_t hdr_left = done < kRecordHeaderBytes ? kRecordHeaderBytes - done : 0;
+      std::memcpy(rest.data(), whole_header + (kRecordHeaderBytes - hdr_left), hdr_left);
+      std::memcpy(rest.data() + hdr_left,
+                  write->payload.data() + (done - (kRecordHeaderBytes - hdr_left)),
+                  rest.size() - hdr_left);
+      Status s = PWriteFull(write->fd->get(), write->offset + done, rest.bytes(),
+                            State(write->pack_id).path);
+      res = s.ok() ? static_cast<int>(write->total()) : -s.ToErrno();
+    }
+    if (res < 0) {
+      last_error_ = Status::FromErrno(-res, "write pack " + State(write->pack_id).path.string());
+    }
+    Complete(write, res);
+  }
+}
+
+void PackWriter::Complete(InflightWrite* write, int result) {
+  if (result >= 0) return;
+  PackState& st = State(write->pack_id);
+  if (write->offset < st.failed_at) {
+    st.failed_at = write->offset;
+    spdlog::error("pack {} write at offset {} failed: {}; later records go to a new pack",
+                  st.path.string(), write->offset, std::strerror(-result));
+  }
+}
+
+Status PackWriter::WaitAllInflight() {
+  while (inflight_ > 0) Reap(true);
+  return Status::OK();
+}
+
+Status PackWriter::Sync() {
+  std::shared_ptr<FileDescriptor> fd;
+  uint32_t id = 0;
+  uint64_t length = 0;
+  std::filesystem::path path;
+  {
+    std::lock_guard lock(mu_);
+    if (uring_ok_) CKPTFS_RETURN_IF_ERROR(WaitAllInflight());
+    if (active_ == 0) return Status::OK();
+    PackState& st = State(active_);
+    if (st.synced >= st.length) return st.failed_at == UINT64_MAX ? Status::OK() : last_error_;
+    fd = st.fd;
+    id = st.id;
+    length = st.length;
+    path = st.path;
+  }
+  Status s = DataSync(fd->get(), path);
+  std::lock_guard lock(mu_);
+  PackState& st = State(id);
+  if (!s.ok()) {
+    st.failed_at = std::min(st.failed_at, st.synced);
+    last_error_ = s;
+    return s;
+  }
+  st.synced = std::max(st.synced, length);
+  return Status::OK();
+}
+
+bool PackWriter::IsDurable(const PackLocation& loc) const {
+  std::lock_guard lock(mu_);
+  auto it = packs_.find(loc.pack_id);
+  if (it == packs_.end()) return false;
+  const PackState& st = it->second;
+  uint64_t end = loc.offset + loc.length;
+  return end <= st.synced && end <= st.failed_at;
+}
+
+Status PackWriter::Rotate() {
+  std::lock_guard lock(mu_);
+  return RotateLocked();
+}
+
+Status PackWriter::RotateLocked() {
+  if (active_ == 0) return Status::OK();
+  if (uring_ok_) CKPTFS_RETURN_IF_ERROR(WaitAllInflight());
+  PackState& st = State(active_);
+  active_ = 0;
+  if (st.synced < st.length) {
+    Status s = DataSync(st.fd->get(), st.path);
+    if (!s.ok()) {
+      st.failed_at = std::min(st.failed_at, st.synced);
+      last_error_ = s;
+      return s;
+    }
+    st.synced = st.length;
+  }
+  st.fd.reset();  // in-flight writes hold their own reference
+  return Status::OK();
+}
+
+uint32_t PackWriter::active_pack_id() const {
+  std::lock_guard lock(mu_);
+  return active_;
+}
+
+}  // namespace ckptfs

@@ -1,0 +1,107 @@
+// engine/store/pack_writer.h
+//
+// Appends records to the active pack file, starting a new pack once the active one reaches its
+// target size. Writes go through io_uring when the kernel allows it (submitted asynchronously,
+// the caller's buffer kept until the write completes), else through pwrite.
+//
+//   auto loc = writer->Append(header, std::move(payload));   // location of the record
+//   CKPTFS_RETURN_IF_ERROR(writer->Sync());                  // durable ...
+//   if (!writer->IsDurable(*loc)) ...                        // ... unless its write failed
+//
+// A failed write (ENOSPC, EIO) caps its pack at the failed offset: records at or past it are
+// never durable, IsDurable says so, and the next Append starts a fresh pack. Durable records
+// are what the catalog may record as committed; bytes past a pack's committed length are cut
+// when the store opens.
+// Thread-safe.
+#pragma once
+
+#include <liburing.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "engine/store/record.h"
+#include "engine/util/buffer.h"
+#include "engine/util/file.h"
+#include "engine/util/status.h"
+
+namespace ckptfs {
+
+struct PackLocation {
+  uint32_t pack_id = 0;
+  uint64_t offset = 0;  // of the record header
+  uint32_t length = 0;  // header + payload
+};
+
+struct PackExtent {
+  uint32_t pack_id = 0;
+  uint64_t length = 0;
+};
+
+class PackWriter {
+ public:
+  struct Options {
+    uint64_t target_bytes = 1ull << 30;
+    bool use_io_uring = true;
+  };
+  // Appends to `resume` (a pack already cut to its committed length) when given and still
+  // under target, else creates pack `next_id`.
+  static Result<std::unique_ptr<PackWriter>> Open(const std::filesystem::path& dir,
+                                                  const Options& options,
+                                                  std::optional<PackExtent> resume,
+                                                  uint32_t next_id);
+  ~PackWriter();
+  PackWriter(const PackWriter&) = delete;
+  PackWriter& operator=(const PackWriter&) = delete;
+
+  // Appends one record. The payload is owned until its write completes.
+  Result<PackLocation> Append(const RecordHeader& header, Buffer payload);
+  // Returns once every record appended before the call is on disk or known to have failed.
+  Status Sync();
+  // True when the record at `loc` was written successfully and synced.
+  bool IsDurable(const PackLocation& loc) const;
+  // Closes the active pack (synced) and starts a new one on the next Append.
+  Status Rotate();
+  uint32_t active_pack_id() const;
+  bool using_io_uring() const { return uring_ok_; }
+
+ private:
+  struct PackState {
+    uint32_t id = 0;
+    std::shared_ptr<FileDescriptor> fd;
+    std::filesystem::path path;
+    uint64_t length = 0;        // bytes appended (including the header)
+    uint64_t synced = 0;        // bytes known durable
+    uint64_t failed_at = UINT64_MAX;  // first byte of the first failed write
+  };
+  struct InflightWrite;
+
+  PackWriter(std::filesystem::path dir, Options options);
+  // All private members below REQUIRE mu_ held.
+  Status StartPack(uint32_t id, std::optional<uint64_t> resume_length);
+  Status RotateLocked();
+  Status SubmitWrite(std::unique_ptr<InflightWrite> write);
+  // Waits for completions: at least one when `wait_one`, else only those already done.
+  void Reap(bool wait_one);
+  void Complete(InflightWrite* write, int result);
+  Status WaitAllInflight();
+  PackState& State(uint32_t id) { return packs_[id]; }
+
+  const std::filesystem::path dir_;
+  const Options options_;
+  mutable std::mutex mu_;
+  std::map<uint32_t, PackState> packs_;  // GUARDED_BY(mu_)
+  uint32_t active_ = 0;                  // GUARDED_BY(mu_); 0: none (start one on Append)
+  uint32_t next_id_ = 1;                 // GUARDED_BY(mu_)
+  bool uring_ok_ = false;
+  io_uring ring_{};
+  size_t inflight_ = 0;                  // GUARDED_BY(mu_)
+  Status last_error_;                    // GUARDED_BY(mu_)
+};
+
+}  // namespace ckptfs

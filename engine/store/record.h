@@ -1,0 +1,59 @@
+// engine/store/record.h
+//
+// The on-disk layout of pack files. A pack is a 32-byte file header followed by records; a
+// record is a 64-byte header followed by its payload (the chunk's bytes as stored):
+//
+//   offset size  field
+//   0      4     magic "CKRC"
+//   4      1     header version (1)
+//   5      1     codec (Codec)
+//   6      2     flags (reserved, 0)
+//   8      4     raw length (bytes after decoding)
+//   12     4     stored length (payload bytes that follow the header)
+//   16     32    chunk id (SHA-256 of the raw bytes)
+//   48     8     XXH3-64 of the payload
+//   56     8     XXH3-64 of header bytes 0..55
+//
+// A record is self-describing, so verify and recovery can walk a pack without the catalog.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "engine/codec/codec.h"
+#include "engine/hash/chunk_id.h"
+#include "engine/util/buffer.h"
+#include "engine/util/status.h"
+
+namespace ckptfs {
+
+inline constexpr size_t kPackHeaderBytes = 32;
+inline constexpr size_t kRecordHeaderBytes = 64;
+inline constexpr uint32_t kPackFormatVersion = 1;
+// Bounded so a corrupted length can never make a reader allocate gigabytes.
+inline constexpr uint32_t kMaxRecordRawBytes = 64u << 20;
+
+struct RecordHeader {
+  Codec codec = Codec::kNone;
+  uint16_t flags = 0;
+  uint32_t raw_len = 0;
+  uint32_t stored_len = 0;
+  ChunkId id;
+  uint64_t payload_checksum = 0;
+
+  void EncodeTo(std::byte out[kRecordHeaderBytes]) const;
+  // Returns Corruption when the magic, version or header checksum is wrong or a length is
+  // out of bounds.
+  static Result<RecordHeader> Decode(Bytes in);
+};
+
+// The 32-byte header that starts every pack file: "CKPTPACK", format version, pack id.
+void EncodePackHeader(uint32_t pack_id, std::byte out[kPackHeaderBytes]);
+Status CheckPackHeader(Bytes in, uint32_t pack_id);
+
+// "000042.pack"
+std::string PackFileName(uint32_t pack_id);
+// Parses a pack file name; returns false for anything else.
+bool ParsePackFileName(const std::string& name, uint32_t* pack_id);
+
+}  // namespace ckptfs

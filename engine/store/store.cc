@@ -1,0 +1,438 @@
+#include "engine/store/store.h"
+
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "engine/store/content_writer.h"
+#include "engine/store/record.h"
+
+namespace ckptfs {
+namespace {
+
+constexpr char kConfigFile[] = "ckptfs.json";
+constexpr char kNextContentKey[] = "next_content_id";
+
+uint64_t NowUnixNs() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count());
+}
+
+std::string Where(uint32_t pack_id, uint64_t offset) {
+  return "pack " + PackFileName(pack_id) + " offset " + std::to_string(offset);
+}
+
+// Reads or creates ckptfs.json; returns the chunking parameters the store was created with.
+Result<FastCdc::Params> LoadConfig(const std::filesystem::path& dir, const StoreOptions& options,
+                                   bool create) {
+  const auto path = dir / kConfigFile;
+  if (create) {
+    nlohmann::json config = {{"format", kStoreFormatVersion},
+                             {"created_by", "ckptfs " CKPTFS_VERSION},
+                             {"chunking",
+                              {{"min", options.chunking.min_size},
+                               {"avg", options.chunking.avg_size},
+                               {"max", options.chunking.max_size}}}};
+    CKPTFS_RETURN_IF_ERROR(WriteFileAtomic(path, config.dump(2) + "\n"));
+    return options.chunking;
+  }
+  CKPTFS_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(path));
+  nlohmann::json config = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (config.is_discarded() || !config.is_object() || !config.contains("format") ||
+      !config["format"].is_number_unsigned()) {
+    return Status::Corruption(path.string() + " is not a ckptfs store configuration");
+  }
+  uint64_t format = config["format"].get<uint64_t>();
+  if (format > kStoreFormatVersion) {
+    return Status::NotSupported("the store at " + dir.string() + " has format " +
+                                std::to_string(format) + "; this ckptfs reads formats up to " +
+                                std::to_string(kStoreFormatVersion) + ": upgrade ckptfs");
+  }
+  FastCdc::Params p;
+  const auto& c = config.value("chunking", nlohmann::json::object());
+  p.min_size = c.value("min", p.min_size);
+  p.avg_size = c.value("avg", p.avg_size);
+  p.max_size = c.value("max", p.max_size);
+  CKPTFS_RETURN_IF_ERROR(FastCdc::Validate(p));
+  return p;
+}
+
+}  // namespace
+
+Store::Store(std::filesystem::path dir, const StoreOptions& options)
+    : dir_(std::move(dir)),
+      options_(options),
+      cache_(options.cache_bytes),
+      inflight_(options.inflight_bytes) {}
+
+Store::~Store() {
+  pool_.reset();  // runs what is queued; writers must be gone by now
+  packs_.reset();
+}
+
+std::filesystem::path Store::PackPath(uint32_t pack_id) const {
+  return dir_ / "packs" / PackFileName(pack_id);
+}
+
+Result<std::unique_ptr<Store>> Store::Open(const std::filesystem::path& dir,
+                                           const StoreOptions& options) {
+  CKPTFS_RETURN_IF_ERROR(FastCdc::Validate(options.chunking));
+  std::error_code ec;
+  bool exists = std::filesystem::exists(dir / kConfigFile, ec);
+  if (!exists && !options.create_if_missing) {
+    return Status::NotFound("no ckptfs store at " + dir.string());
+  }
+  if (!exists) {
+    std::filesystem::create_directories(dir / "packs", ec);
+    if (ec) return Status::IOError("create store " + dir.string() + ": " + ec.message());
+  }
+  std::unique_ptr<Store> store(new Store(dir, options));
+  CKPTFS_ASSIGN_OR_RETURN(store->lock_fd_, OpenFile(dir / "LOCK", O_RDWR | O_CREAT));
+  if (::flock(store->lock_fd_.get(), LOCK_EX | LOCK_NB) != 0) {
+    std::string holder = ReadSmallFile(dir / "LOCK").ok() ? *ReadSmallFile(dir / "LOCK") : "";
+    return Status::Busy("the store at " + dir.string() + " is open in another process" +
+                        (holder.empty() ? "" : " (pid " + holder + ")") +
+                        "; unmount it or stop that process first");
+  }
+  std::string pid = std::to_string(::getpid());
+  (void)::ftruncate(store->lock_fd_.get(), 0);
+  (void)PWriteFull(store->lock_fd_.get(), 0, AsBytes(pid), dir / "LOCK");
+
+  CKPTFS_ASSIGN_OR_RETURN(store->options_.chunking, LoadConfig(dir, options, !exists));
+  CKPTFS_ASSIGN_OR_RETURN(store->catalog_, Catalog::Open(dir / "catalog"));
+  CKPTFS_RETURN_IF_ERROR(store->Recover());
+  int threads = options.worker_threads > 0
+                    ? options.worker_threads
+                    : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  store->pool_ = std::make_unique<WorkerPool>(threads);
+  return store;
+}
+
+Status Store::Recover() {
+  std::map<uint32_t, PackRow> rows;
+  {
+    CKPTFS_ASSIGN_OR_RETURN(auto txn, catalog_->BeginRead());
+    CKPTFS_RETURN_IF_ERROR(txn.ForEachPack([&](uint32_t id, const PackRow& row) {
+      rows[id] = row;
+      return true;
+    }));
+  }
+  uint32_t max_id = 0;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir_ / "packs", ec)) {
+    uint32_t id;
+    if (!ParsePackFileName(entry.path().filename().string(), &id)) continue;
+    max_id = std::max(max_id, id);
+    auto it = rows.find(id);
+    if (it == rows.end()) {
+      // Created, but no commit ever referred to it (or gc deleted it and crashed before unlink).
+      spdlog::info("removing pack {}: no committed record refers to it", entry.path().string());
+      CKPTFS_RETURN_IF_ERROR(DeletePackFile(id));
+      continue;
+    }
+    CKPTFS_ASSIGN_OR_RETURN(FileDescriptor fd, OpenFile(entry.path(), O_RDWR));
+    CKPTFS_ASSIGN_OR_RETURN(uint64_t size, FileSize(fd.get(), entry.path()));
+    if (size > it->second.committed) {
+      spdlog::info("cutting the uncommitted tail of pack {}: {} -> {} bytes",
+                   entry.path().string(), size, it->second.committed);
+      if (::ftruncate(fd.get(), static_cast<off_t>(it->second.committed)) != 0) {
+        return Status::FromErrno(errno, "truncate " + entry.path().string());
+      }
+      CKPTFS_RETURN_IF_ERROR(DataSync(fd.get(), entry.path()));
+    } else if (size < it->second.committed) {
+      spdlog::error("pack {} is shorter than its committed length ({} < {}): records past the "
+                    "end are lost; run `ckptfs verify`",
+                    entry.path().string(), size, it->second.committed);
+    }
+  }
+  if (ec) return Status::IOError("list " + (dir_ / "packs").string() + ": " + ec.message());
+  for (const auto& [id, row] : rows) max_id = std::max(max_id, id);
+
+  std::optional<PackExtent> resume;
+  if (!rows.empty()) {
+    auto last = rows.rbegin();
+    std::error_code size_ec;
+    auto size = std::filesystem::file_size(PackPath(last->first), size_ec);
+    if (!size_ec && size == last->second.committed) resume = PackExtent{last->first, size};
+  }
+  PackWriter::Options popts{options_.pack_target_bytes, options_.use_io_uring};
+  CKPTFS_ASSIGN_OR_RETURN(packs_, PackWriter::Open(dir_ / "packs", popts, resume, max_id + 1));
+  return Status::OK();
+}
+
+std::unique_ptr<ContentWriter> Store::NewWriter() {
+  return std::unique_ptr<ContentWriter>(new ContentWriter(this));
+}
+
+Result<ChunkRow> Store::PutChunk(const ChunkId& id, Bytes raw) {
+  {
+    std::shared_lock gc(gc_mu_);
+    {
+      std::lock_guard lock(mu_);
+      auto it = pinned_.find(id);
+      if (it != pinned_.end()) {
+        ++it->second.pins;
+        return it->second.row;
+      }
+    }
+    CKPTFS_ASSIGN_OR_RETURN(auto txn, catalog_->BeginRead());
+    CKPTFS_ASSIGN_OR_RETURN(std::optional<ChunkRow> row, txn.GetChunk(id));
+    if (row) {
+      std::lock_guard lock(mu_);
+      Pinned& p = pinned_[id];
+      if (p.pins++ == 0) p.row = *row;
+      return p.row;
+    }
+  }
+  Buffer stored;
+  RecordHeader header;
+  header.codec = Compress(options_.codec, raw, &stored);
+  header.raw_len = static_cast<uint32_t>(raw.size());
+  header.stored_len = static_cast<uint32_t>(stored.size());
+  header.id = id;
+  header.payload_checksum = Checksum64(stored.bytes());
+  CKPTFS_ASSIGN_OR_RETURN(PackLocation loc, packs_->Append(header, std::move(stored)));
+  ChunkRow row{loc.pack_id,     loc.offset,   loc.length, header.raw_len,
+               header.codec, header.payload_checksum, 0};
+  std::lock_guard lock(mu_);
+  Pinned& p = pinned_[id];
+  if (p.pins++ == 0) p.row = row;  // else another writer stored it too: share the first copy
+  return p.row;
+}
+
+void Store::Unpin(const ChunkId& id) {
+  std::lock_guard lock(mu_);
+  auto it = pinned_.find(id);
+  if (it != pinned_.end() && --it->second.pins == 0) pinned_.erase(it);
+}
+
+Result<ContentId> Store::CommitContent(
+    const std::vector<std::pair<ChunkRef, ChunkRow>>& refs, uint64_t size,
+    const std::function<Status(Catalog::WriteTxn&, ContentId)>& hook) {
+  Status synced = packs_->Sync();
+  CKPTFS_ASSIGN_OR_RETURN(auto txn, catalog_->BeginWrite());
+  CKPTFS_ASSIGN_OR_RETURN(uint64_t last_id, txn.GetCounter(kNextContentKey));
+  const ContentId id = last_id + 1;
+  CKPTFS_RETURN_IF_ERROR(txn.PutCounter(kNextContentKey, id));
+  std::map<uint32_t, uint64_t> pack_ends;
+  for (const auto& [ref, pinned_row] : refs) {
+    CKPTFS_RETURN_IF_ERROR(txn.PutChunkRef(id, ref));
+    CKPTFS_ASSIGN_OR_RETURN(std::optional<ChunkRow> row, txn.GetChunk(ref.id));
+    if (!row) {
+      // First reference: the record must be on disk before the catalog points at it.
+      PackLocation loc{pinned_row.pack_id, pinned_row.offset, pinned_row.length};
+      if (!packs_->IsDurable(loc)) {
+        return synced.ok() ? Status::IOError("a record of this content failed to reach disk")
+                           : synced;
+      }
+      row = pinned_row;
+      row->refcount = 0;
+      uint64_t& end = pack_ends[loc.pack_id];
+      end = std::max(end, loc.offset + loc.length);
+    }
+    ++row->refcount;
+    CKPTFS_RETURN_IF_ERROR(txn.PutChunk(ref.id, *row));
+  }
+  for (const auto& [pack_id, end] : pack_ends) {
+    CKPTFS_ASSIGN_OR_RETURN(std::optional<PackRow> row, txn.GetPack(pack_id));
+    uint64_t committed = std::max(row ? row->committed : 0, end);
+    CKPTFS_RETURN_IF_ERROR(txn.PutPack(pack_id, PackRow{committed}));
+  }
+  CKPTFS_RETURN_IF_ERROR(txn.PutContent(id, ContentRow{size, refs.size(), NowUnixNs()}));
+  if (hook) CKPTFS_RETURN_IF_ERROR(hook(txn, id));
+  CKPTFS_RETURN_IF_ERROR(txn.Commit());
+  return id;
+}
+
+Result<ContentRow> Store::StatContent(ContentId id) const {
+  CKPTFS_ASSIGN_OR_RETURN(auto txn, catalog_->BeginRead());
+  CKPTFS_ASSIGN_OR_RETURN(std::optional<ContentRow> row, txn.GetContent(id));
+  if (!row) return Status::NotFound("content " + std::to_string(id) + " does not exist");
+  return *row;
+}
+
+Result<size_t> Store::Read(ContentId id, uint64_t offset, MutableBytes out) const {
+  std::shared_lock gc(gc_mu_);
+  CKPTFS_ASSIGN_OR_RETURN(auto txn, catalog_->BeginRead());
+  CKPTFS_ASSIGN_OR_RETURN(std::optional<ContentRow> content, txn.GetContent(id));
+  if (!content) return Status::NotFound("content " + std::to_string(id) + " does not exist");
+  if (offset >= content->size || out.empty()) return size_t{0};
+  const size_t want = static_cast<size_t>(std::min<uint64_t>(out.size(), content->size - offset));
+  size_t done = 0;
+  Status err;
+  CKPTFS_RETURN_IF_ERROR(txn.ForEachChunkRef(id, offset, [&](const ChunkRef& ref) {
+    auto row = txn.GetChunk(ref.id);
+    if (!row.ok() || !*row) {
+      err = row.ok() ? Status::Corruption("content " + std::to_string(id) + " refers to chunk " +
+                                          ref.id.ShortHex() + ", which the catalog lacks")
+                     : row.status();
+      return false;
+    }
+    auto chunk = LoadChunk(ref.id, **row);
+    if (!chunk.ok()) {
+      err = chunk.status();
+      return false;
+    }
+    uint64_t pos = offset + done;
+    size_t in_chunk = static_cast<size_t>(pos - ref.offset);
+    size_t n = std::min(want - done, (*chunk)->size() - in_chunk);
+    std::memcpy(out.data() + done, (*chunk)->data() + in_chunk, n);
+    done += n;
+    return done < want;
+  }));
+  CKPTFS_RETURN_IF_ERROR(err);
+  if (done < want) {
+    return Status::Corruption("content " + std::to_string(id) + " has fewer chunk bytes than " +
+                              "its recorded size");
+  }
+  return done;
+}
+
+Result<std::shared_ptr<FileDescriptor>> Store::PackFd(uint32_t pack_id) const {
+  std::lock_guard lock(fd_mu_);
+  auto it = read_fds_.find(pack_id);
+  if (it != read_fds_.end()) return it->second;
+  CKPTFS_ASSIGN_OR_RETURN(FileDescriptor fd, OpenFile(PackPath(pack_id), O_RDONLY));
+  auto shared = std::make_shared<FileDescriptor>(std::move(fd));
+  read_fds_[pack_id] = shared;
+  return shared;
+}
+
+Result<Buffer> Store::ReadRecord(const ChunkId& id, const ChunkRow& row) const {
+  const std::string where = Where(row.pack_id, row.offset);
+  if (row.length < kRecordHeaderBytes) {
+    return Status::Corruption(where + ": catalog row has an impossible record length");
+  }
+  CKPTFS_ASSIGN_OR_RETURN(auto fd, PackFd(row.pack_id));
+  Buffer record(row.length);
+  Status s = PReadFull(fd->get(), row.offset, record.mutable_bytes(), PackPath(row.pack_id));
+  if (!s.ok()) return s.IsCorruption() ? Status::Corruption(where + ": " + s.message()) : s;
+  auto header = RecordHeader::Decode(record.bytes());
+  if (!header.ok()) return Status::Corruption(where + ": " + header.status().message());
+  Bytes payload = record.bytes().subspan(kRecordHeaderBytes);
+  if (header->id != id || header->raw_len != row.raw_len ||
+      header->stored_len != payload.size() || header->codec != row.codec) {
+    return Status::Corruption(where + ": record does not match the catalog (chunk " +
+                              id.ShortHex() + ")");
+  }
+  if (Checksum64(payload) != header->payload_checksum || header->payload_checksum != row.checksum) {
+    return Status::Corruption(where + ": checksum mismatch in chunk " + id.ShortHex());
+  }
+  return record;
+}
+
+Result<std::shared_ptr<const Buffer>> Store::LoadChunk(const ChunkId& id,
+                                                       const ChunkRow& row) const {
+  if (auto hit = cache_.Lookup(id)) return hit;
+  CKPTFS_ASSIGN_OR_RETURN(Buffer record, ReadRecord(id, row));
+  Buffer raw(row.raw_len);
+  Status s = Decompress(row.codec, record.bytes().subspan(kRecordHeaderBytes), raw.mutable_bytes());
+  if (!s.ok()) return Status::Corruption(Where(row.pack_id, row.offset) + ": " + s.message());
+  auto chunk = std::make_shared<const Buffer>(std::move(raw));
+  cache_.Insert(id, chunk);
+  return chunk;
+}
+
+Status Store::ReleaseInTxn(Catalog::WriteTxn& txn, ContentId id) {
+  CKPTFS_ASSIGN_OR_RETURN(std::optional<ContentRow> content, txn.GetContent(id));
+  if (!content) return Status::NotFound("content " + std::to_string(id) + " does not exist");
+  std::vector<ChunkId> chunks;
+  chunks.reserve(content->chunk_count);
+  CKPTFS_RETURN_IF_ERROR(txn.ForEachChunkRef(id, 0, [&](const ChunkRef& ref) {
+    chunks.push_back(ref.id);
+    return true;
+  }));
+  for (const ChunkId& chunk : chunks) {
+    CKPTFS_ASSIGN_OR_RETURN(std::optional<ChunkRow> row, txn.GetChunk(chunk));
+    if (!row || row->refcount == 0) {
+      return Status::Corruption("content " + std::to_string(id) + " refers to chunk " +
+                                chunk.ShortHex() + " with no references; run `ckptfs verify`");
+    }
+    --row->refcount;
+    CKPTFS_RETURN_IF_ERROR(txn.PutChunk(chunk, *row));
+  }
+  return txn.DeleteContent(id);
+}
+
+Status Store::Release(ContentId id) {
+  CKPTFS_ASSIGN_OR_RETURN(auto txn, catalog_->BeginWrite());
+  CKPTFS_RETURN_IF_ERROR(ReleaseInTxn(txn, id));
+  return txn.Commit();
+}
+
+Status Store::BindNameInTxn(Catalog::WriteTxn& txn, std::string_view name, ContentId id) {
+  CKPTFS_ASSIGN_OR_RETURN(std::optional<ContentId> old, txn.GetName(name));
+  if (old && *old != id) CKPTFS_RETURN_IF_ERROR(ReleaseInTxn(txn, *old));
+  return txn.PutName(name, id);
+}
+
+Result<ContentId> Store::LookupName(std::string_view name) const {
+  CKPTFS_ASSIGN_OR_RETURN(auto txn, catalog_->BeginRead());
+  CKPTFS_ASSIGN_OR_RETURN(std::optional<ContentId> id, txn.GetName(name));
+  if (!id) return Status::NotFound("no content is named '" + std::string(name) + "'");
+  return *id;
+}
+
+Status Store::RemoveName(std::string_view name) {
+  CKPTFS_ASSIGN_OR_RETURN(auto txn, catalog_->BeginWrite());
+  CKPTFS_ASSIGN_OR_RETURN(std::optional<ContentId> id, txn.GetName(name));
+  if (!id) return Status::NotFound("no content is named '" + std::string(name) + "'");
+  CKPTFS_RETURN_IF_ERROR(ReleaseInTxn(txn, *id));
+  CKPTFS_RETURN_IF_ERROR(txn.DeleteName(name));
+  return txn.Commit();
+}
+
+uint64_t Store::PackBytesOnDisk() const {
+  uint64_t total = 0;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir_ / "packs", ec)) {
+    uint32_t id;
+    if (ParsePackFileName(entry.path().filename().string(), &id)) {
+      total += entry.file_size(ec);
+    }
+  }
+  return total;
+}
+
+Result<StoreStats> Store::Stats() const {
+  StoreStats st;
+  CKPTFS_ASSIGN_OR_RETURN(auto txn, catalog_->BeginRead());
+  CKPTFS_RETURN_IF_ERROR(txn.ForEachContent([&](ContentId, const ContentRow& row) {
+    ++st.contents;
+    st.logical_bytes += row.size;
+    return true;
+  }));
+  CKPTFS_RETURN_IF_ERROR(txn.ForEachChunk([&](const ChunkId&, const ChunkRow& row) {
+    if (row.refcount == 0) return true;
+    ++st.chunks;
+    st.chunk_bytes += row.raw_len;
+    st.record_bytes += row.length;
+    return true;
+  }));
+  CKPTFS_RETURN_IF_ERROR(txn.ForEachPack([&](uint32_t, const PackRow&) {
+    ++st.packs;
+    return true;
+  }));
+  st.pack_bytes = PackBytesOnDisk();
+  return st;
+}
+
+Status Store::DeletePackFile(uint32_t pack_id) {
+  {
+    std::lock_guard lock(fd_mu_);
+    read_fds_.erase(pack_id);
+  }
+  if (::unlink(PackPath(pack_id).c_str()) != 0 && errno != ENOENT) {
+    return Status::FromErrno(errno, "remove " + PackPath(pack_id).string());
+  }
+  return SyncDir(dir_ / "packs");
+}
+
+}  // namespace ckptfs

@@ -1,0 +1,178 @@
+// engine/store/store.h
+//
+// A content-addressed chunk store in one directory:
+//
+//   STORE/ckptfs.json   format version and the store's fixed parameters (chunking)
+//   STORE/LOCK          held (flock) by the one process that has the store open
+//   STORE/catalog/      LMDB environment: every piece of metadata (see catalog.h)
+//   STORE/packs/        append-only pack files of chunk records (see record.h)
+//
+//   auto store = Store::Open("/data/ckpt", StoreOptions{});
+//   auto writer = (*store)->NewWriter();
+//   CKPTFS_RETURN_IF_ERROR(writer->Append(bytes));
+//   CKPTFS_ASSIGN_OR_RETURN(ContentId id, writer->Finish());
+//   CKPTFS_ASSIGN_OR_RETURN(size_t n, (*store)->Read(id, offset, out));
+//
+// Guarantees:
+// - Identical chunks (by SHA-256) are stored once, across contents.
+// - A content is visible once Finish() returns, and is then durable: its records were synced
+//   before the catalog transaction that references them committed. After a crash the store
+//   opens with every committed content intact; uncommitted pack tails are cut.
+// - Every record is checksummed; a mismatch reads as Status::Corruption, never as wrong bytes.
+// - Memory: the decoded-chunk cache (cache_bytes) plus the write pipeline (inflight_bytes, with
+//   backpressure) plus per-content chunk lists; independent of content sizes.
+// Thread-safe: any number of writers and readers; Gc() may run concurrently with both.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/chunk/fastcdc.h"
+#include "engine/codec/codec.h"
+#include "engine/store/catalog.h"
+#include "engine/store/chunk_cache.h"
+#include "engine/store/pack_writer.h"
+#include "engine/util/file.h"
+#include "engine/util/status.h"
+#include "engine/util/worker_pool.h"
+
+namespace ckptfs {
+
+class ContentWriter;
+
+inline constexpr uint32_t kStoreFormatVersion = 1;
+
+struct StoreOptions {
+  bool create_if_missing = true;
+  CodecSpec codec;                    // for new records
+  FastCdc::Params chunking;           // used when creating a store; fixed afterwards
+  uint64_t pack_target_bytes = 256ull << 20;
+  size_t cache_bytes = 256u << 20;    // decoded-chunk cache
+  size_t inflight_bytes = 64u << 20;  // raw bytes queued for hashing/compression, all writers
+  int worker_threads = 0;             // 0: one per CPU
+  bool use_io_uring = true;
+};
+
+struct StoreStats {
+  uint64_t contents = 0;
+  uint64_t logical_bytes = 0;  // sum of content sizes
+  uint64_t chunks = 0;         // distinct chunks
+  uint64_t chunk_bytes = 0;    // raw bytes of distinct chunks
+  uint64_t record_bytes = 0;   // stored bytes of those chunks' records
+  uint64_t pack_bytes = 0;     // pack files on disk
+  uint64_t packs = 0;
+};
+
+struct GcOptions {
+  // Packs whose live fraction is below this are rewritten (live records copied, pack deleted).
+  double rewrite_below = 0.5;
+  // Test hook: runs after each record gc copies.
+  std::function<void()> after_record_copied;
+};
+
+struct GcReport {
+  uint64_t chunks_dropped = 0;
+  uint64_t packs_deleted = 0;
+  uint64_t records_moved = 0;
+  uint64_t pack_bytes_before = 0;
+  uint64_t pack_bytes_after = 0;
+  std::vector<std::string> skipped;  // packs left alone, and why
+};
+
+struct VerifyReport {
+  uint64_t chunks_checked = 0;
+  uint64_t contents_checked = 0;
+  std::vector<std::string> problems;  // each names where ("pack 000003 offset 4096: ...")
+  bool ok() const { return problems.empty(); }
+};
+
+class Store {
+ public:
+  // Opens the store in `dir` (creating it if allowed), recovering from any crash: pack tails
+  // past their committed length are cut, packs no commit refers to are deleted.
+  // Fails with Busy when another process has it open, NotSupported for a newer format.
+  static Result<std::unique_ptr<Store>> Open(const std::filesystem::path& dir,
+                                             const StoreOptions& options);
+  ~Store();
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+
+  // A new streaming writer. The store must outlive it.
+  std::unique_ptr<ContentWriter> NewWriter();
+
+  Result<ContentRow> StatContent(ContentId id) const;
+  // Reads up to out.size() bytes at offset; returns the count (short only at the end).
+  Result<size_t> Read(ContentId id, uint64_t offset, MutableBytes out) const;
+  // Drops a content and its chunk references; unreferenced chunks go at the next Gc().
+  Status Release(ContentId id);
+  // The same inside a caller's transaction (the FUSE layer swaps contents atomically).
+  Status ReleaseInTxn(Catalog::WriteTxn& txn, ContentId id);
+
+  // The CLI's flat namespace: name -> content. Binding a name releases the content it held.
+  Status BindNameInTxn(Catalog::WriteTxn& txn, std::string_view name, ContentId id);
+  Result<ContentId> LookupName(std::string_view name) const;
+  Status RemoveName(std::string_view name);
+
+  Result<GcReport> Gc(const GcOptions& options = {});
+  // Reads and checks every record (checksums, decoding, SHA-256) and every reference.
+  Result<VerifyReport> Verify() const;
+  Result<StoreStats> Stats() const;
+
+  Catalog& catalog() { return *catalog_; }
+  const std::filesystem::path& dir() const { return dir_; }
+  const StoreOptions& options() const { return options_; }
+  bool using_io_uring() const { return packs_->using_io_uring(); }
+
+ private:
+  friend class ContentWriter;
+  struct Pinned {
+    ChunkRow row;
+    uint64_t pins = 0;
+  };
+
+  Store(std::filesystem::path dir, const StoreOptions& options);
+  Status Recover();
+  // Stores `raw` (unless present) and pins its row until Unpin; returns the row to reference.
+  Result<ChunkRow> PutChunk(const ChunkId& id, Bytes raw);
+  void Unpin(const ChunkId& id);
+  // Durably commits a content made of `refs` (rows as PutChunk returned them).
+  Result<ContentId> CommitContent(const std::vector<std::pair<ChunkRef, ChunkRow>>& refs,
+                                  uint64_t size,
+                                  const std::function<Status(Catalog::WriteTxn&, ContentId)>& hook);
+  Result<std::shared_ptr<const Buffer>> LoadChunk(const ChunkId& id, const ChunkRow& row) const;
+  // Reads a record, checks header and payload checksums against `row`; returns header+payload.
+  Result<Buffer> ReadRecord(const ChunkId& id, const ChunkRow& row) const;
+  Result<std::shared_ptr<FileDescriptor>> PackFd(uint32_t pack_id) const;
+  std::filesystem::path PackPath(uint32_t pack_id) const;
+  Status RewritePack(uint32_t pack_id, const std::vector<std::pair<ChunkId, ChunkRow>>& live,
+                     const GcOptions& options, GcReport* report);
+  Status DeletePackFile(uint32_t pack_id);
+  uint64_t PackBytesOnDisk() const;
+
+  const std::filesystem::path dir_;
+  StoreOptions options_;
+  FileDescriptor lock_fd_;
+  std::unique_ptr<Catalog> catalog_;
+  std::unique_ptr<PackWriter> packs_;
+  mutable ChunkCache cache_;
+  ByteBudget inflight_;
+  std::unique_ptr<WorkerPool> pool_;
+
+  // Lock order: gc_run_mu_, then gc_mu_, then mu_, then fd_mu_.
+  std::mutex gc_run_mu_;               // one Gc() at a time
+  mutable std::shared_mutex gc_mu_;    // shared: location lookups + reads; exclusive: gc moves
+  std::mutex mu_;
+  std::unordered_map<ChunkId, Pinned> pinned_;  // GUARDED_BY(mu_)
+  mutable std::mutex fd_mu_;
+  mutable std::unordered_map<uint32_t, std::shared_ptr<FileDescriptor>> read_fds_;  // GUARDED_BY(fd_mu_)
+};
+
+}  // namespace ckptfs

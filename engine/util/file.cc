@@ -1,0 +1,102 @@
+#include "engine/util/file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+namespace ckptfs {
+
+FileDescriptor::~FileDescriptor() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+FileDescriptor& FileDescriptor::operator=(FileDescriptor&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = other.Release();
+  }
+  return *this;
+}
+
+Result<FileDescriptor> OpenFile(const std::filesystem::path& path, int flags, int mode) {
+  int fd = ::open(path.c_str(), flags | O_CLOEXEC, mode);
+  if (fd < 0) return Status::FromErrno(errno, "open " + path.string());
+  return FileDescriptor(fd);
+}
+
+Status PReadFull(int fd, uint64_t offset, MutableBytes out, const std::filesystem::path& path) {
+  size_t done = 0;
+  while (done < out.size()) {
+    ssize_t n = ::pread(fd, out.data() + done, out.size() - done, offset + done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Status::FromErrno(errno, "read " + path.string());
+    }
+    if (n == 0) {
+      return Status::Corruption(path.string() + " is truncated: wanted " +
+                                std::to_string(out.size()) + " bytes at offset " +
+                                std::to_string(offset) + ", file ends after " +
+                                std::to_string(offset + done));
+    }
+    done += static_cast<size_t>(n);
+  }
+  return Status::OK();
+}
+
+Status PWriteFull(int fd, uint64_t offset, Bytes data, const std::filesystem::path& path) {
+  size_t done = 0;
+  while (done < data.size()) {
+    ssize_t n = ::pwrite(fd, data.data() + done, data.size() - done, offset + done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Status::FromErrno(errno, "write " + path.string());
+    }
+    done += static_cast<size_t>(n);
+  }
+  return Status::OK();
+}
+
+Status DataSync(int fd, const std::filesystem::path& path) {
+  if (::fdatasync(fd) != 0) return Status::FromErrno(errno, "fdatasync " + path.string());
+  return Status::OK();
+}
+
+Status SyncDir(const std::filesystem::path& dir) {
+  CKPTFS_ASSIGN_OR_RETURN(FileDescriptor fd, OpenFile(dir, O_RDONLY | O_DIRECTORY));
+  if (::fsync(fd.get()) != 0) return Status::FromErrno(errno, "fsync " + dir.string());
+  return Status::OK();
+}
+
+Result<uint64_t> FileSize(int fd, const std::filesystem::path& path) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return Status::FromErrno(errno, "stat " + path.string());
+  return static_cast<uint64_t>(st.st_size);
+}
+
+Status WriteFileAtomic(const std::filesystem::path& path, std::string_view contents) {
+  std::filesystem::path tmp = path;
+  tmp += ".tmp";
+  {
+    CKPTFS_ASSIGN_OR_RETURN(FileDescriptor fd, OpenFile(tmp, O_WRONLY | O_CREAT | O_TRUNC));
+    CKPTFS_RETURN_IF_ERROR(PWriteFull(fd.get(), 0, AsBytes(contents), tmp));
+    CKPTFS_RETURN_IF_ERROR(DataSync(fd.get(), tmp));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    return Status::FromErrno(errno, "rename " + tmp.string());
+  }
+  return SyncDir(path.parent_path());
+}
+
+Result<std::string> ReadSmallFile(const std::filesystem::path& path) {
+  CKPTFS_ASSIGN_OR_RETURN(FileDescriptor fd, OpenFile(path, O_RDONLY));
+  CKPTFS_ASSIGN_OR_RETURN(uint64_t size, FileSize(fd.get(), path));
+  if (size > (1 << 20)) return Status::Corruption(path.string() + " is implausibly large");
+  std::string out(size, '\0');
+  CKPTFS_RETURN_IF_ERROR(
+      PReadFull(fd.get(), 0, {reinterpret_cast<std::byte*>(out.data()), out.size()}, path));
+  return out;
+}
+
+}  // namespace ckptfs

@@ -1,0 +1,51 @@
+// engine/util/file.h
+//
+// Thin, errno-checked wrappers over the POSIX calls the store uses. Every failure comes back
+// as a Status naming the path and the operation; ENOSPC becomes Status::NoSpace.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+#include "engine/util/buffer.h"
+#include "engine/util/status.h"
+
+namespace ckptfs {
+
+// Owns a file descriptor; closes it on destruction. Move-only.
+class FileDescriptor {
+ public:
+  FileDescriptor() = default;
+  explicit FileDescriptor(int fd) : fd_(fd) {}
+  ~FileDescriptor();
+  FileDescriptor(FileDescriptor&& other) noexcept : fd_(other.Release()) {}
+  FileDescriptor& operator=(FileDescriptor&& other) noexcept;
+  FileDescriptor(const FileDescriptor&) = delete;
+  FileDescriptor& operator=(const FileDescriptor&) = delete;
+
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  int Release() {
+    int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+Result<FileDescriptor> OpenFile(const std::filesystem::path& path, int flags, int mode = 0644);
+// Reads exactly out.size() bytes at offset; a short file is Corruption ("truncated").
+Status PReadFull(int fd, uint64_t offset, MutableBytes out, const std::filesystem::path& path);
+Status PWriteFull(int fd, uint64_t offset, Bytes data, const std::filesystem::path& path);
+Status DataSync(int fd, const std::filesystem::path& path);
+// fsyncs a directory so that entries created or removed in it are durable.
+Status SyncDir(const std::filesystem::path& dir);
+Result<uint64_t> FileSize(int fd, const std::filesystem::path& path);
+// Writes `contents` to path durably and atomically (temp file, fsync, rename, fsync dir).
+Status WriteFileAtomic(const std::filesystem::path& path, std::string_view contents);
+Result<std::string> ReadSmallFile(const std::filesystem::path& path);
+
+}  // namespace ckptfs

@@ -1,0 +1,59 @@
+// engine/util/worker_pool.h
+//
+// A fixed set of threads running submitted tasks in FIFO order, and ByteBudget, the counting
+// semaphore in bytes that bounds what the write pipeline holds in memory:
+//
+//   budget.Acquire(chunk.size());                  // blocks while the pipeline is full
+//   pool.Submit([&, n = chunk.size()] { Work(); budget.Release(n); });
+//
+// The pool's queue is unbounded by itself: callers bound it through a ByteBudget. The
+// destructor runs every queued task, then joins. Tasks must not throw.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace ckptfs {
+
+class WorkerPool {
+ public:
+  explicit WorkerPool(int threads);
+  ~WorkerPool();
+  WorkerPool(const WorkerPool&) = delete;
+  WorkerPool& operator=(const WorkerPool&) = delete;
+
+  void Submit(std::function<void()> task);
+  int size() const { return static_cast<int>(threads_.size()); }
+
+ private:
+  void Run();
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;  // GUARDED_BY(mu_)
+  bool stopping_ = false;                    // GUARDED_BY(mu_)
+  std::vector<std::thread> threads_;
+};
+
+class ByteBudget {
+ public:
+  explicit ByteBudget(size_t capacity) : capacity_(capacity) {}
+  // Blocks until n bytes fit. A request larger than the whole budget waits for the budget to
+  // be empty, then proceeds alone, so progress is always possible.
+  void Acquire(size_t n);
+  void Release(size_t n);
+  size_t used() const;
+  size_t capacity() const { return capacity_; }
+
+ private:
+  const size_t capacity_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  size_t used_ = 0;  // GUARDED_BY(mu_)
+};
+
+}  // namespace ckptfs
