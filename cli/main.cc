@@ -118,13 +118,14 @@ int Gc(const std::string& dir, double rewrite_below) {
   auto report = (*store)->Gc(options);
   if (!report.ok()) return Fail(report.status());
   for (const auto& s : report->skipped) std::printf("skipped %s\n", s.c_str());
-  std::printf("gc: dropped %llu chunks, moved %llu records, deleted %llu packs; "
-              "pack bytes %llu -> %llu\n",
-              static_cast<unsigned long long>(report->chunks_dropped),
-              static_cast<unsigned long long>(report->records_moved),
-              static_cast<unsigned long long>(report->packs_deleted),
-              static_cast<unsigned long long>(report->pack_bytes_before),
-              static_cast<unsigned long long>(report->pack_bytes_after));
+  std::printf(
+      "gc: dropped %llu chunks, moved %llu records, deleted %llu packs; "
+      "pack bytes %llu -> %llu\n",
+      static_cast<unsigned long long>(report->chunks_dropped),
+      static_cast<unsigned long long>(report->records_moved),
+      static_cast<unsigned long long>(report->packs_deleted),
+      static_cast<unsigned long long>(report->pack_bytes_before),
+      static_cast<unsigned long long>(report->pack_bytes_after));
   return 0;
 }
 
@@ -134,10 +135,11 @@ int Stats(const std::string& dir) {
   auto st = (*store)->Stats();
   if (!st.ok()) return Fail(st.status());
   auto u = [](uint64_t v) { return static_cast<unsigned long long>(v); };
-  std::printf("contents       %llu\nlogical bytes  %llu\nchunks         %llu\n"
-              "chunk bytes    %llu\nrecord bytes   %llu\npack bytes     %llu\npacks          %llu\n",
-              u(st->contents), u(st->logical_bytes), u(st->chunks), u(st->chunk_bytes),
-              u(st->record_bytes), u(st->pack_bytes), u(st->packs));
+  std::printf(
+      "contents       %llu\nlogical bytes  %llu\nchunks         %llu\n"
+      "chunk bytes    %llu\nrecord bytes   %llu\npack bytes     %llu\npacks          %llu\n",
+      u(st->contents), u(st->logical_bytes), u(st->chunks), u(st->chunk_bytes), u(st->record_bytes),
+      u(st->pack_bytes), u(st->packs));
   if (st->logical_bytes > 0) {
     std::printf("stored/logical %.4f\n",
                 static_cast<double>(st->pack_bytes) / static_cast<double>(st->logical_bytes));
@@ -172,7 +174,8 @@ int main(int argc, char** argv) {
   rm->add_option("NAME", name)->required();
   auto* ls = app.add_subcommand("ls", "list names and sizes");
   ls->add_option("STORE", store)->required();
-  auto* verify = app.add_subcommand("verify", "check every record and reference; exit 1 on any problem");
+  auto* verify =
+      app.add_subcommand("verify", "check every record and reference; exit 1 on any problem");
   verify->add_option("STORE", store)->required();
   auto* gc = app.add_subcommand("gc", "free unreferenced chunks and compact packs");
   gc->add_option("STORE", store)->required();

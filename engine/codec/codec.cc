@@ -10,9 +10,12 @@ namespace ckptfs {
 
 std::string_view CodecName(Codec codec) {
   switch (codec) {
-    case Codec::kNone: return "none";
-    case Codec::kLz4: return "lz4";
-    case Codec::kZstd: return "zstd";
+    case Codec::kNone:
+      return "none";
+    case Codec::kLz4:
+      return "lz4";
+    case Codec::kZstd:
+      return "zstd";
   }
   return "unknown";
 }
@@ -37,9 +40,9 @@ Result<CodecSpec> CodecSpec::Parse(std::string_view text) {
     auto [p, ec] = std::from_chars(lvl.data(), lvl.data() + lvl.size(), level);
     if (spec.codec != Codec::kZstd || ec != std::errc() || p != lvl.data() + lvl.size() ||
         level < 1 || level > ZSTD_maxCLevel()) {
-      return Status::InvalidArgument("bad codec '" + std::string(text) +
-                                     "': only zstd takes a level, zstd:1 .. zstd:" +
-                                     std::to_string(ZSTD_maxCLevel()));
+      return Status::InvalidArgument(
+          "bad codec '" + std::string(text) +
+          "': only zstd takes a level, zstd:1 .. zstd:" + std::to_string(ZSTD_maxCLevel()));
     }
     spec.level = level;
   }
@@ -62,12 +65,12 @@ Codec StoreRaw(Bytes raw, Buffer* out) {
 // One zstd context per thread: creating one costs more than compressing a small chunk.
 ZSTD_CCtx* ThreadCCtx() {
   thread_local std::unique_ptr<ZSTD_CCtx, decltype(&ZSTD_freeCCtx)> ctx(ZSTD_createCCtx(),
-                                                                       ZSTD_freeCCtx);
+                                                                        ZSTD_freeCCtx);
   return ctx.get();
 }
 ZSTD_DCtx* ThreadDCtx() {
   thread_local std::unique_ptr<ZSTD_DCtx, decltype(&ZSTD_freeDCtx)> ctx(ZSTD_createDCtx(),
-                                                                       ZSTD_freeDCtx);
+                                                                        ZSTD_freeDCtx);
   return ctx.get();
 }
 

@@ -52,7 +52,8 @@ TEST(Codec, DamagedInputIsCorruptionNotWrongBytes) {
     Buffer back(raw.size());
     // Truncated input and a wrong expected length both fail.
     EXPECT_TRUE(Decompress(used, stored.bytes().first(stored.size() / 2), back.mutable_bytes())
-                    .IsCorruption()) << name;
+                    .IsCorruption())
+        << name;
     Buffer longer(raw.size() + 1);
     EXPECT_TRUE(Decompress(used, stored.bytes(), longer.mutable_bytes()).IsCorruption()) << name;
   }

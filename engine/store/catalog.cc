@@ -135,9 +135,9 @@ Result<std::unique_ptr<Catalog>> Catalog::Open(const std::filesystem::path& dir)
   rc = mdb_txn_begin(c->env_, nullptr, 0, &txn);
   if (rc != 0) return LmdbError(rc, "begin");
   const std::pair<const char*, MDB_dbi*> tables[] = {
-      {"chunks", &c->t_.chunks},   {"packs", &c->t_.packs},
+      {"chunks", &c->t_.chunks},     {"packs", &c->t_.packs},
       {"contents", &c->t_.contents}, {"content_chunks", &c->t_.content_chunks},
-      {"names", &c->t_.names},     {"meta", &c->t_.meta}};
+      {"names", &c->t_.names},       {"meta", &c->t_.meta}};
   for (const auto& [name, dbi] : tables) {
     rc = mdb_dbi_open(txn, name, MDB_CREATE, dbi);
     if (rc != 0) {
@@ -212,7 +212,7 @@ Result<uint64_t> Catalog::ReadTxn::GetCounter(std::string_view key) const {
 }
 
 Result<std::optional<ChunkRef>> Catalog::ReadTxn::ChunkAt(ContentId content,
-                                                         uint64_t offset) const {
+                                                          uint64_t offset) const {
   std::optional<ChunkRef> found;
   CKPTFS_RETURN_IF_ERROR(ForEachChunkRef(content, offset, [&](const ChunkRef& ref) {
     found = ref;
@@ -228,8 +228,7 @@ Status Catalog::ReadTxn::ForEachChunk(
   Status s = Scan(txn_, t_.chunks, nullptr, [&](const MDB_val& k, const MDB_val& v) {
     auto row = DecodeChunkRow(v);
     if (!row.ok() || k.mv_size != 32) {
-      err = row.ok() ? Status::Corruption("catalog chunk key has an unknown layout")
-                     : row.status();
+      err = row.ok() ? Status::Corruption("catalog chunk key has an unknown layout") : row.status();
       return false;
     }
     ChunkId id;
@@ -239,7 +238,8 @@ Status Catalog::ReadTxn::ForEachChunk(
   return s.ok() ? err : s;
 }
 
-Status Catalog::ReadTxn::ForEachPack(const std::function<bool(uint32_t, const PackRow&)>& fn) const {
+Status Catalog::ReadTxn::ForEachPack(
+    const std::function<bool(uint32_t, const PackRow&)>& fn) const {
   return Scan(txn_, t_.packs, nullptr, [&](const MDB_val& k, const MDB_val& v) {
     return fn(GetBE32(k.mv_data), PackRow{GetLE<uint64_t>(v.mv_data)});
   });
@@ -265,8 +265,8 @@ Status Catalog::ReadTxn::ForEachChunkRef(ContentId content, uint64_t from,
   rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE);
   bool exact = rc == 0 && std::memcmp(k.mv_data, start.b, 16) == 0;
   if (!exact) {
-    int prev = rc == 0 ? mdb_cursor_get(cur, &k, &v, MDB_PREV)
-                       : mdb_cursor_get(cur, &k, &v, MDB_LAST);
+    int prev =
+        rc == 0 ? mdb_cursor_get(cur, &k, &v, MDB_PREV) : mdb_cursor_get(cur, &k, &v, MDB_LAST);
     if (prev == 0 && GetBE64(k.mv_data) == content) {
       rc = 0;  // the ref before `from` covers it
     } else if (rc == 0) {

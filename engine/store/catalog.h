@@ -36,16 +36,16 @@ using ContentId = uint64_t;
 
 struct ChunkRow {
   uint32_t pack_id = 0;
-  uint64_t offset = 0;      // of the record header in the pack
-  uint32_t length = 0;      // record bytes: header + payload
+  uint64_t offset = 0;  // of the record header in the pack
+  uint32_t length = 0;  // record bytes: header + payload
   uint32_t raw_len = 0;
   Codec codec = Codec::kNone;
-  uint64_t checksum = 0;    // XXH3-64 of the payload
-  uint64_t refcount = 0;    // content references; 0 means garbage for the next gc
+  uint64_t checksum = 0;  // XXH3-64 of the payload
+  uint64_t refcount = 0;  // content references; 0 means garbage for the next gc
 };
 
 struct PackRow {
-  uint64_t committed = 0;   // bytes that committed records may lie in
+  uint64_t committed = 0;  // bytes that committed records may lie in
 };
 
 struct ContentRow {
@@ -55,9 +55,9 @@ struct ContentRow {
 };
 
 struct ChunkRef {
-  uint64_t offset = 0;      // in the content
+  uint64_t offset = 0;  // in the content
   ChunkId id;
-  uint32_t length = 0;      // raw bytes
+  uint32_t length = 0;  // raw bytes
 };
 
 class Catalog {

@@ -4,8 +4,7 @@
 
 namespace ckptfs {
 
-ContentWriter::ContentWriter(Store* store)
-    : store_(store), cdc_(store->options().chunking) {}
+ContentWriter::ContentWriter(Store* store) : store_(store), cdc_(store->options().chunking) {}
 
 ContentWriter::~ContentWriter() {
   if (!finished_) Abandon();

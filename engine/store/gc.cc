@@ -84,7 +84,8 @@ Status Store::RewritePack(uint32_t pack_id, const std::vector<std::pair<ChunkId,
   }
   Status synced = packs_->Sync();
   for (const auto& entry : moved) {
-    if (!packs_->IsDurable(entry.second)) return synced.ok() ? Status::IOError("gc copy lost") : synced;
+    if (!packs_->IsDurable(entry.second))
+      return synced.ok() ? Status::IOError("gc copy lost") : synced;
   }
 
   std::unique_lock gc(gc_mu_);

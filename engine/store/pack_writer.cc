@@ -125,10 +125,11 @@ Status PackWriter::SubmitWrite(std::unique_ptr<InflightWrite> write) {
   }
   // pwrite path (also the fallback when the ring refuses a submission).
   const PackState& st = State(write->pack_id);
-  Status s = PWriteFull(write->fd->get(), write->offset, {write->header, kRecordHeaderBytes},
-                        st.path);
-  if (s.ok()) s = PWriteFull(write->fd->get(), write->offset + kRecordHeaderBytes,
-                             write->payload.bytes(), st.path);
+  Status s =
+      PWriteFull(write->fd->get(), write->offset, {write->header, kRecordHeaderBytes}, st.path);
+  if (s.ok())
+    s = PWriteFull(write->fd->get(), write->offset + kRecordHeaderBytes, write->payload.bytes(),
+                   st.path);
   Complete(write.get(), s.ok() ? static_cast<int>(write->total()) : -s.ToErrno());
   if (!s.ok()) last_error_ = s;
   return s;

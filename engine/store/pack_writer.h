@@ -75,8 +75,8 @@ class PackWriter {
     uint32_t id = 0;
     std::shared_ptr<FileDescriptor> fd;
     std::filesystem::path path;
-    uint64_t length = 0;        // bytes appended (including the header)
-    uint64_t synced = 0;        // bytes known durable
+    uint64_t length = 0;              // bytes appended (including the header)
+    uint64_t synced = 0;              // bytes known durable
     uint64_t failed_at = UINT64_MAX;  // first byte of the first failed write
   };
   struct InflightWrite;
@@ -100,8 +100,8 @@ class PackWriter {
   uint32_t next_id_ = 1;                 // GUARDED_BY(mu_)
   bool uring_ok_ = false;
   io_uring ring_{};
-  size_t inflight_ = 0;                  // GUARDED_BY(mu_)
-  Status last_error_;                    // GUARDED_BY(mu_)
+  size_t inflight_ = 0;  // GUARDED_BY(mu_)
+  Status last_error_;    // GUARDED_BY(mu_)
 };
 
 }  // namespace ckptfs

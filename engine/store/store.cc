@@ -140,16 +140,17 @@ Status Store::Recover() {
     CKPTFS_ASSIGN_OR_RETURN(FileDescriptor fd, OpenFile(entry.path(), O_RDWR));
     CKPTFS_ASSIGN_OR_RETURN(uint64_t size, FileSize(fd.get(), entry.path()));
     if (size > it->second.committed) {
-      spdlog::info("cutting the uncommitted tail of pack {}: {} -> {} bytes",
-                   entry.path().string(), size, it->second.committed);
+      spdlog::info("cutting the uncommitted tail of pack {}: {} -> {} bytes", entry.path().string(),
+                   size, it->second.committed);
       if (::ftruncate(fd.get(), static_cast<off_t>(it->second.committed)) != 0) {
         return Status::FromErrno(errno, "truncate " + entry.path().string());
       }
       CKPTFS_RETURN_IF_ERROR(DataSync(fd.get(), entry.path()));
     } else if (size < it->second.committed) {
-      spdlog::error("pack {} is shorter than its committed length ({} < {}): records past the "
-                    "end are lost; run `ckptfs verify`",
-                    entry.path().string(), size, it->second.committed);
+      spdlog::error(
+          "pack {} is shorter than its committed length ({} < {}): records past the "
+          "end are lost; run `ckptfs verify`",
+          entry.path().string(), size, it->second.committed);
     }
   }
   if (ec) return Status::IOError("list " + (dir_ / "packs").string() + ": " + ec.message());
@@ -199,8 +200,13 @@ Result<ChunkRow> Store::PutChunk(const ChunkId& id, Bytes raw) {
   header.id = id;
   header.payload_checksum = Checksum64(stored.bytes());
   CKPTFS_ASSIGN_OR_RETURN(PackLocation loc, packs_->Append(header, std::move(stored)));
-  ChunkRow row{loc.pack_id,     loc.offset,   loc.length, header.raw_len,
-               header.codec, header.payload_checksum, 0};
+  ChunkRow row{loc.pack_id,
+               loc.offset,
+               loc.length,
+               header.raw_len,
+               header.codec,
+               header.payload_checksum,
+               0};
   std::lock_guard lock(mu_);
   Pinned& p = pinned_[id];
   if (p.pins++ == 0) p.row = row;  // else another writer stored it too: share the first copy
@@ -317,8 +323,8 @@ Result<Buffer> Store::ReadRecord(const ChunkId& id, const ChunkRow& row) const {
   auto header = RecordHeader::Decode(record.bytes());
   if (!header.ok()) return Status::Corruption(where + ": " + header.status().message());
   Bytes payload = record.bytes().subspan(kRecordHeaderBytes);
-  if (header->id != id || header->raw_len != row.raw_len ||
-      header->stored_len != payload.size() || header->codec != row.codec) {
+  if (header->id != id || header->raw_len != row.raw_len || header->stored_len != payload.size() ||
+      header->codec != row.codec) {
     return Status::Corruption(where + ": record does not match the catalog (chunk " +
                               id.ShortHex() + ")");
   }

@@ -52,8 +52,8 @@ inline constexpr uint32_t kStoreFormatVersion = 1;
 
 struct StoreOptions {
   bool create_if_missing = true;
-  CodecSpec codec;                    // for new records
-  FastCdc::Params chunking;           // used when creating a store; fixed afterwards
+  CodecSpec codec;           // for new records
+  FastCdc::Params chunking;  // used when creating a store; fixed afterwards
   uint64_t pack_target_bytes = 256ull << 20;
   size_t cache_bytes = 256u << 20;    // decoded-chunk cache
   size_t inflight_bytes = 64u << 20;  // raw bytes queued for hashing/compression, all writers
@@ -130,6 +130,9 @@ class Store {
   const std::filesystem::path& dir() const { return dir_; }
   const StoreOptions& options() const { return options_; }
   bool using_io_uring() const { return packs_->using_io_uring(); }
+  // Raw bytes queued in the write pipeline: now, and the most at once since Open.
+  size_t inflight_bytes() const { return inflight_.used(); }
+  size_t inflight_peak_bytes() const { return inflight_.peak(); }
 
  private:
   friend class ContentWriter;
@@ -167,12 +170,13 @@ class Store {
   std::unique_ptr<WorkerPool> pool_;
 
   // Lock order: gc_run_mu_, then gc_mu_, then mu_, then fd_mu_.
-  std::mutex gc_run_mu_;               // one Gc() at a time
-  mutable std::shared_mutex gc_mu_;    // shared: location lookups + reads; exclusive: gc moves
+  std::mutex gc_run_mu_;             // one Gc() at a time
+  mutable std::shared_mutex gc_mu_;  // shared: location lookups + reads; exclusive: gc moves
   std::mutex mu_;
   std::unordered_map<ChunkId, Pinned> pinned_;  // GUARDED_BY(mu_)
   mutable std::mutex fd_mu_;
-  mutable std::unordered_map<uint32_t, std::shared_ptr<FileDescriptor>> read_fds_;  // GUARDED_BY(fd_mu_)
+  mutable std::unordered_map<uint32_t, std::shared_ptr<FileDescriptor>>
+      read_fds_;  // GUARDED_BY(fd_mu_)
 };
 
 }  // namespace ckptfs

@@ -1,1 +1,183 @@
+// Unit tests of Store and ContentWriter behaviour that the integration suite (tests/engine/)
+// does not cover: caller-defined cuts, the in-flight budget, options, and a full disk.
+#include "engine/store/store.h"
+
 #include <gtest/gtest.h>
+#include <sys/mount.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <random>
+
+#include "engine/store/content_writer.h"
+
+namespace ckptfs {
+namespace {
+
+Buffer RandomBuffer(size_t n, uint32_t seed) {
+  std::mt19937_64 rng(seed);
+  Buffer b(n);
+  for (size_t i = 0; i < n; i += 8) {
+    uint64_t v = rng();
+    std::memcpy(b.data() + i, &v, std::min<size_t>(8, n - i));
+  }
+  return b;
+}
+
+class StoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("ckptfs_store_test_" + std::to_string(::getpid()));
+    std::filesystem::remove_all(dir_);
+  }
+  void TearDown() override {
+    store_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+  Store& Open(StoreOptions options = {}) {
+    store_.reset();
+    auto s = Store::Open(dir_, options);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    store_ = std::move(*s);
+    return *store_;
+  }
+  Buffer ReadAll(ContentId id) {
+    auto row = store_->StatContent(id);
+    EXPECT_TRUE(row.ok());
+    Buffer out(row->size);
+    auto n = store_->Read(id, 0, out.mutable_bytes());
+    EXPECT_TRUE(n.ok()) << n.status().ToString();
+    return out;
+  }
+  std::filesystem::path dir_;
+  std::unique_ptr<Store> store_;
+};
+
+TEST_F(StoreTest, CallerOnlyModeCutsExactlyWhereTold) {
+  Store& store = Open();
+  Buffer data = RandomBuffer(3 << 20, 1);
+  auto w = store.NewWriter();
+  w->SetCutMode(ContentWriter::CutMode::kCallerOnly);
+  const std::vector<size_t> pieces = {100, 64, 1 << 20, (2 << 20) - 164};
+  size_t off = 0;
+  for (size_t n : pieces) {
+    ASSERT_TRUE(w->Append(data.bytes().subspan(off, n)).ok());
+    ASSERT_TRUE(w->Cut().ok());
+    off += n;
+  }
+  ContentId id = *w->Finish();
+  auto txn = *store.catalog().BeginRead();
+  std::vector<uint64_t> lengths;
+  ASSERT_TRUE(txn.ForEachChunkRef(id, 0,
+                                  [&](const ChunkRef& r) {
+                                    lengths.push_back(r.length);
+                                    return true;
+                                  })
+                  .ok());
+  EXPECT_EQ(lengths, (std::vector<uint64_t>{100, 64, 1 << 20, (2 << 20) - 164}));
+  Buffer back = ReadAll(id);
+  EXPECT_EQ(0, std::memcmp(back.data(), data.data(), data.size()));
+}
+
+TEST_F(StoreTest, AbandonedWriterLeavesNothingVisible) {
+  Store& store = Open();
+  {
+    auto w = store.NewWriter();
+    Buffer data = RandomBuffer(5 << 20, 2);
+    ASSERT_TRUE(w->Append(data.bytes()).ok());
+  }
+  auto st = store.Stats();
+  EXPECT_EQ(st->contents, 0u);
+  EXPECT_EQ(st->chunks, 0u);
+  ASSERT_TRUE(store.Gc().ok());
+  EXPECT_TRUE(store.Verify()->ok());
+}
+
+TEST_F(StoreTest, InFlightBytesStayWithinBudget) {
+  StoreOptions options;
+  options.inflight_bytes = 4 << 20;
+  options.worker_threads = 1;
+  Store& store = Open(options);
+  auto w = store.NewWriter();
+  Buffer data = RandomBuffer(64 << 20, 3);
+  for (size_t off = 0; off < data.size(); off += 1 << 20) {
+    ASSERT_TRUE(w->Append(data.bytes().subspan(off, 1 << 20)).ok());
+  }
+  ASSERT_TRUE(w->Finish().ok());
+  // The writer ran ahead of the single worker, so the budget filled, and never overflowed:
+  // a chunk larger than the rest of the budget waits until the budget is empty.
+  EXPECT_GT(store.inflight_peak_bytes(), 2u << 20);
+  EXPECT_LE(store.inflight_peak_bytes(),
+            std::max<size_t>(4u << 20, store.options().chunking.max_size));
+}
+
+TEST_F(StoreTest, SecondOpenOfTheSameStoreIsBusy) {
+  Open();
+  auto again = Store::Open(dir_, StoreOptions{});
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.status().code(), Status::Code::kBusy);
+}
+
+TEST_F(StoreTest, NewerFormatIsRefusedWithAClearMessage) {
+  Open();
+  store_.reset();
+  ASSERT_TRUE(WriteFileAtomic(dir_ / "ckptfs.json", R"({"format": 99})").ok());
+  auto s = Store::Open(dir_, StoreOptions{});
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), Status::Code::kNotSupported);
+  EXPECT_NE(s.status().message().find("upgrade ckptfs"), std::string::npos);
+}
+
+TEST_F(StoreTest, MissingStoreIsNotFoundWithoutCreate) {
+  StoreOptions options;
+  options.create_if_missing = false;
+  auto s = Store::Open(dir_, options);
+  EXPECT_TRUE(s.status().IsNotFound());
+}
+
+// A full disk fails the write with NoSpace and keeps every earlier content readable.
+TEST_F(StoreTest, FullDiskFailsTheWriteAndKeepsEarlierContents) {
+  std::filesystem::create_directories(dir_);
+  if (::mount("tmpfs", dir_.c_str(), "tmpfs", 0, "size=24m") != 0) {
+    GTEST_SKIP() << "cannot mount a small tmpfs here (needs root): " << std::strerror(errno);
+  }
+  struct Unmount {
+    std::filesystem::path dir;
+    ~Unmount() { ::umount2(dir.c_str(), MNT_DETACH); }
+  } unmount{dir_};
+  const auto store_dir = dir_ / "store";
+  StoreOptions options;
+  options.codec = CodecSpec{Codec::kNone};
+  std::vector<std::pair<ContentId, Buffer>> kept;
+  {
+    auto store = std::move(*Store::Open(store_dir, options));
+    for (uint32_t i = 0; i < 2; ++i) {
+      Buffer data = RandomBuffer(4 << 20, 10 + i);
+      auto w = store->NewWriter();
+      ASSERT_TRUE(w->Append(data.bytes()).ok());
+      auto id = w->Finish();
+      ASSERT_TRUE(id.ok()) << id.status().ToString();
+      kept.emplace_back(*id, std::move(data));
+    }
+    Buffer big = RandomBuffer(32 << 20, 20);
+    auto w = store->NewWriter();
+    Status st = w->Append(big.bytes());
+    Result<ContentId> id = st.ok() ? w->Finish() : Result<ContentId>(st);
+    ASSERT_FALSE(id.ok());
+    EXPECT_TRUE(id.status().IsNoSpace()) << id.status().ToString();
+    EXPECT_EQ(id.status().ToErrno(), ENOSPC);
+  }
+  auto store = std::move(*Store::Open(store_dir, options));
+  for (const auto& [id, data] : kept) {
+    Buffer out(data.size());
+    auto n = store->Read(id, 0, out.mutable_bytes());
+    ASSERT_TRUE(n.ok()) << n.status().ToString();
+    EXPECT_EQ(0, std::memcmp(out.data(), data.data(), data.size()));
+  }
+  EXPECT_TRUE(store->Verify()->ok());
+  store.reset();
+}
+
+}  // namespace
+}  // namespace ckptfs

@@ -51,8 +51,8 @@ Result<VerifyReport> Store::Verify() const {
       report.problems.push_back("pack " + PackFileName(id) + ": missing (" + ec.message() + ")");
     } else if (size < row.committed) {
       report.problems.push_back("pack " + PackFileName(id) + ": truncated to " +
-                                std::to_string(size) + " bytes, " +
-                                std::to_string(row.committed) + " were committed");
+                                std::to_string(size) + " bytes, " + std::to_string(row.committed) +
+                                " were committed");
     }
   }
 
@@ -63,14 +63,14 @@ Result<VerifyReport> Store::Verify() const {
   }));
   for (const auto& [id, row] : chunks) {
     ++report.chunks_checked;
-    const std::string where = "pack " + PackFileName(row.pack_id) + " offset " +
-                              std::to_string(row.offset);
+    const std::string where =
+        "pack " + PackFileName(row.pack_id) + " offset " + std::to_string(row.offset);
     auto it = refs.find(id);
     uint64_t counted = it == refs.end() ? 0 : it->second;
     if (counted != row.refcount) {
       report.problems.push_back(where + ": chunk " + id.ShortHex() + " has refcount " +
-                                std::to_string(row.refcount) + " but " +
-                                std::to_string(counted) + " references");
+                                std::to_string(row.refcount) + " but " + std::to_string(counted) +
+                                " references");
     }
     if (it != refs.end()) refs.erase(it);
     if (packs.count(row.pack_id) == 0) {
@@ -84,8 +84,8 @@ Result<VerifyReport> Store::Verify() const {
       continue;
     }
     Buffer raw(row.raw_len);
-    Status s = Decompress(row.codec, record->bytes().subspan(kRecordHeaderBytes),
-                          raw.mutable_bytes());
+    Status s =
+        Decompress(row.codec, record->bytes().subspan(kRecordHeaderBytes), raw.mutable_bytes());
     if (!s.ok()) {
       report.problems.push_back(where + ": " + s.message());
     } else if (ChunkId::Of(raw.bytes()) != id) {
@@ -94,8 +94,8 @@ Result<VerifyReport> Store::Verify() const {
     }
   }
   for (const auto& [id, count] : refs) {
-    report.problems.push_back("chunk " + id.ShortHex() + ": referenced " +
-                              std::to_string(count) + " times but missing from the catalog");
+    report.problems.push_back("chunk " + id.ShortHex() + ": referenced " + std::to_string(count) +
+                              " times but missing from the catalog");
   }
   return report;
 }

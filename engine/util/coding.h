@@ -4,8 +4,8 @@
 // little-endian; catalog keys are big-endian so that LMDB's byte order sorts them numerically.
 #pragma once
 
-#include <cstdint>
 #include <bit>
+#include <cstdint>
 #include <cstring>
 
 namespace ckptfs {

@@ -31,16 +31,26 @@ Status Status::FromErrno(int err, std::string_view what) {
 
 int Status::ToErrno() const {
   switch (code_) {
-    case Code::kOk: return 0;
-    case Code::kNotFound: return ENOENT;
-    case Code::kCorruption: return EIO;
-    case Code::kIOError: return EIO;
-    case Code::kNoSpace: return ENOSPC;
-    case Code::kInvalidArgument: return EINVAL;
-    case Code::kAlreadyExists: return EEXIST;
-    case Code::kBusy: return EBUSY;
-    case Code::kNotSupported: return EOPNOTSUPP;
-    case Code::kReadOnly: return EROFS;
+    case Code::kOk:
+      return 0;
+    case Code::kNotFound:
+      return ENOENT;
+    case Code::kCorruption:
+      return EIO;
+    case Code::kIOError:
+      return EIO;
+    case Code::kNoSpace:
+      return ENOSPC;
+    case Code::kInvalidArgument:
+      return EINVAL;
+    case Code::kAlreadyExists:
+      return EEXIST;
+    case Code::kBusy:
+      return EBUSY;
+    case Code::kNotSupported:
+      return EOPNOTSUPP;
+    case Code::kReadOnly:
+      return EROFS;
   }
   return EIO;
 }
@@ -48,16 +58,35 @@ int Status::ToErrno() const {
 std::string Status::ToString() const {
   const char* name = "Unknown";
   switch (code_) {
-    case Code::kOk: return "OK";
-    case Code::kNotFound: name = "Not found"; break;
-    case Code::kCorruption: name = "Corruption"; break;
-    case Code::kIOError: name = "I/O error"; break;
-    case Code::kNoSpace: name = "No space"; break;
-    case Code::kInvalidArgument: name = "Invalid argument"; break;
-    case Code::kAlreadyExists: name = "Already exists"; break;
-    case Code::kBusy: name = "Busy"; break;
-    case Code::kNotSupported: name = "Not supported"; break;
-    case Code::kReadOnly: name = "Read-only"; break;
+    case Code::kOk:
+      return "OK";
+    case Code::kNotFound:
+      name = "Not found";
+      break;
+    case Code::kCorruption:
+      name = "Corruption";
+      break;
+    case Code::kIOError:
+      name = "I/O error";
+      break;
+    case Code::kNoSpace:
+      name = "No space";
+      break;
+    case Code::kInvalidArgument:
+      name = "Invalid argument";
+      break;
+    case Code::kAlreadyExists:
+      name = "Already exists";
+      break;
+    case Code::kBusy:
+      name = "Busy";
+      break;
+    case Code::kNotSupported:
+      name = "Not supported";
+      break;
+    case Code::kReadOnly:
+      name = "Read-only";
+      break;
   }
   return std::string(name) + ": " + msg_;
 }

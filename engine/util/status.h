@@ -23,14 +23,14 @@ class [[nodiscard]] Status {
   enum class Code {
     kOk = 0,
     kNotFound,
-    kCorruption,     // stored bytes fail a checksum or do not parse
-    kIOError,        // the operating system failed an I/O call
-    kNoSpace,        // the disk is full (ENOSPC, EDQUOT)
+    kCorruption,  // stored bytes fail a checksum or do not parse
+    kIOError,     // the operating system failed an I/O call
+    kNoSpace,     // the disk is full (ENOSPC, EDQUOT)
     kInvalidArgument,
     kAlreadyExists,
-    kBusy,           // held by someone else (lock, open store)
+    kBusy,  // held by someone else (lock, open store)
     kNotSupported,
-    kReadOnly,       // e.g. a sealed version
+    kReadOnly,  // e.g. a sealed version
   };
 
   Status() = default;
@@ -71,7 +71,7 @@ class [[nodiscard]] Status {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : value_(std::move(value)) {}         // NOLINT: implicit by design
   Result(Status status) : status_(std::move(status)) {  // NOLINT: implicit by design
     assert(!status_.ok() && "Result built from an OK status has no value");
   }
@@ -95,10 +95,10 @@ class [[nodiscard]] Result {
 }  // namespace ckptfs
 
 // Returns from the enclosing function if `expr` (a Status) is not OK.
-#define CKPTFS_RETURN_IF_ERROR(expr)          \
-  do {                                        \
-    ::ckptfs::Status _st = (expr);            \
-    if (!_st.ok()) return _st;                \
+#define CKPTFS_RETURN_IF_ERROR(expr) \
+  do {                               \
+    ::ckptfs::Status _st = (expr);   \
+    if (!_st.ok()) return _st;       \
   } while (0)
 
 #define CKPTFS_CONCAT_INNER(a, b) a##b

@@ -1,5 +1,7 @@
 #include "engine/util/worker_pool.h"
 
+#include <algorithm>
+
 namespace ckptfs {
 
 WorkerPool::WorkerPool(int threads) {
@@ -42,6 +44,7 @@ void ByteBudget::Acquire(size_t n) {
   std::unique_lock lock(mu_);
   cv_.wait(lock, [&] { return used_ == 0 || used_ + n <= capacity_; });
   used_ += n;
+  peak_ = std::max(peak_, used_);
 }
 
 void ByteBudget::Release(size_t n) {
@@ -55,6 +58,11 @@ void ByteBudget::Release(size_t n) {
 size_t ByteBudget::used() const {
   std::lock_guard lock(mu_);
   return used_;
+}
+
+size_t ByteBudget::peak() const {
+  std::lock_guard lock(mu_);
+  return peak_;
 }
 
 }  // namespace ckptfs

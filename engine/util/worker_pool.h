@@ -47,6 +47,8 @@ class ByteBudget {
   void Acquire(size_t n);
   void Release(size_t n);
   size_t used() const;
+  // The most bytes held at once since construction.
+  size_t peak() const;
   size_t capacity() const { return capacity_; }
 
  private:
@@ -54,6 +56,7 @@ class ByteBudget {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   size_t used_ = 0;  // GUARDED_BY(mu_)
+  size_t peak_ = 0;  // GUARDED_BY(mu_)
 };
 
 }  // namespace ckptfs
