@@ -98,7 +98,7 @@ Status Scan(MDB_txn* txn, MDB_dbi dbi, const MDB_val* first,
 }
 
 // Gets a value; nullopt when absent.
-Result<std::optional<MDB_val>> Get(MDB_txn* txn, MDB_dbi dbi, MDB_val key) {
+Result<std::optional<MDB_val>> LmdbGet(MDB_txn* txn, MDB_dbi dbi, MDB_val key) {
   MDB_val v;
   int rc = mdb_get(txn, dbi, &key, &v);
   if (rc == MDB_NOTFOUND) return std::optional<MDB_val>();
@@ -106,13 +106,13 @@ Result<std::optional<MDB_val>> Get(MDB_txn* txn, MDB_dbi dbi, MDB_val key) {
   return std::optional<MDB_val>(v);
 }
 
-Status Put(MDB_txn* txn, MDB_dbi dbi, MDB_val key, const void* data, size_t size) {
+Status LmdbPut(MDB_txn* txn, MDB_dbi dbi, MDB_val key, const void* data, size_t size) {
   MDB_val v = Val(data, size);
   int rc = mdb_put(txn, dbi, &key, &v, 0);
   return rc == 0 ? Status::OK() : LmdbError(rc, "put");
 }
 
-Status Del(MDB_txn* txn, MDB_dbi dbi, MDB_val key) {
+Status LmdbDel(MDB_txn* txn, MDB_dbi dbi, MDB_val key) {
   int rc = mdb_del(txn, dbi, &key, nullptr);
   return rc == 0 || rc == MDB_NOTFOUND ? Status::OK() : LmdbError(rc, "delete");
 }
@@ -173,21 +173,21 @@ Catalog::ReadTxn::~ReadTxn() {
 }
 
 Result<std::optional<ChunkRow>> Catalog::ReadTxn::GetChunk(const ChunkId& id) const {
-  CKPTFS_ASSIGN_OR_RETURN(auto v, Get(txn_, t_.chunks, Val(id.bytes.data(), 32)));
+  CKPTFS_ASSIGN_OR_RETURN(auto v, LmdbGet(txn_, t_.chunks, Val(id.bytes.data(), 32)));
   if (!v) return std::optional<ChunkRow>();
   CKPTFS_ASSIGN_OR_RETURN(ChunkRow row, DecodeChunkRow(*v));
   return std::optional<ChunkRow>(row);
 }
 
 Result<std::optional<PackRow>> Catalog::ReadTxn::GetPack(uint32_t pack_id) const {
-  CKPTFS_ASSIGN_OR_RETURN(auto v, Get(txn_, t_.packs, Key32(pack_id).val()));
+  CKPTFS_ASSIGN_OR_RETURN(auto v, LmdbGet(txn_, t_.packs, Key32(pack_id).val()));
   if (!v) return std::optional<PackRow>();
   if (v->mv_size != 8) return Status::Corruption("catalog pack row has an unknown layout");
   return std::optional<PackRow>(PackRow{GetLE<uint64_t>(v->mv_data)});
 }
 
 Result<std::optional<ContentRow>> Catalog::ReadTxn::GetContent(ContentId id) const {
-  CKPTFS_ASSIGN_OR_RETURN(auto v, Get(txn_, t_.contents, Key64(id).val()));
+  CKPTFS_ASSIGN_OR_RETURN(auto v, LmdbGet(txn_, t_.contents, Key64(id).val()));
   if (!v) return std::optional<ContentRow>();
   if (v->mv_size != kContentRowBytes) {
     return Status::Corruption("catalog content row has an unknown layout");
@@ -198,14 +198,14 @@ Result<std::optional<ContentRow>> Catalog::ReadTxn::GetContent(ContentId id) con
 }
 
 Result<std::optional<ContentId>> Catalog::ReadTxn::GetName(std::string_view name) const {
-  CKPTFS_ASSIGN_OR_RETURN(auto v, Get(txn_, t_.names, Val(name.data(), name.size())));
+  CKPTFS_ASSIGN_OR_RETURN(auto v, LmdbGet(txn_, t_.names, Val(name.data(), name.size())));
   if (!v) return std::optional<ContentId>();
   if (v->mv_size != 8) return Status::Corruption("catalog name row has an unknown layout");
   return std::optional<ContentId>(GetLE<uint64_t>(v->mv_data));
 }
 
 Result<uint64_t> Catalog::ReadTxn::GetCounter(std::string_view key) const {
-  CKPTFS_ASSIGN_OR_RETURN(auto v, Get(txn_, t_.meta, Val(key.data(), key.size())));
+  CKPTFS_ASSIGN_OR_RETURN(auto v, LmdbGet(txn_, t_.meta, Val(key.data(), key.size())));
   if (!v) return uint64_t{0};
   if (v->mv_size != 8) return Status::Corruption("catalog counter has an unknown layout");
   return GetLE<uint64_t>(v->mv_data);
@@ -291,24 +291,54 @@ Status Catalog::ReadTxn::ForEachName(
   });
 }
 
+Result<std::optional<std::string>> Catalog::ReadTxn::Get(Table table,
+                                                        std::string_view key) const {
+  CKPTFS_ASSIGN_OR_RETURN(auto v, LmdbGet(txn_, t_.raw[static_cast<int>(table)],
+                                              Val(key.data(), key.size())));
+  if (!v) return std::optional<std::string>();
+  return std::optional<std::string>(std::string(static_cast<const char*>(v->mv_data), v->mv_size));
+}
+
+Status Catalog::ReadTxn::ForEach(
+    Table table, std::string_view prefix, std::string_view from,
+    const std::function<bool(std::string_view, std::string_view)>& fn) const {
+  std::string start = from > prefix ? std::string(from) : std::string(prefix);
+  MDB_val first = Val(start.data(), start.size());
+  return Scan(txn_, t_.raw[static_cast<int>(table)], start.empty() ? nullptr : &first,
+              [&](const MDB_val& k, const MDB_val& v) {
+                std::string_view key(static_cast<const char*>(k.mv_data), k.mv_size);
+                if (key.substr(0, prefix.size()) != prefix) return false;
+                return fn(key, std::string_view(static_cast<const char*>(v.mv_data), v.mv_size));
+              });
+}
+
+Status Catalog::WriteTxn::Put(Table table, std::string_view key, std::string_view value) {
+  return LmdbPut(txn_, t_.raw[static_cast<int>(table)], Val(key.data(), key.size()),
+                     value.data(), value.size());
+}
+
+Status Catalog::WriteTxn::Delete(Table table, std::string_view key) {
+  return LmdbDel(txn_, t_.raw[static_cast<int>(table)], Val(key.data(), key.size()));
+}
+
 Status Catalog::WriteTxn::PutChunk(const ChunkId& id, const ChunkRow& row) {
   std::byte buf[kChunkRowBytes];
   EncodeChunkRow(row, buf);
-  return Put(txn_, t_.chunks, Val(id.bytes.data(), 32), buf, sizeof(buf));
+  return LmdbPut(txn_, t_.chunks, Val(id.bytes.data(), 32), buf, sizeof(buf));
 }
 
 Status Catalog::WriteTxn::DeleteChunk(const ChunkId& id) {
-  return Del(txn_, t_.chunks, Val(id.bytes.data(), 32));
+  return LmdbDel(txn_, t_.chunks, Val(id.bytes.data(), 32));
 }
 
 Status Catalog::WriteTxn::PutPack(uint32_t pack_id, const PackRow& row) {
   std::byte buf[8];
   PutLE<uint64_t>(buf, row.committed);
-  return Put(txn_, t_.packs, Key32(pack_id).val(), buf, sizeof(buf));
+  return LmdbPut(txn_, t_.packs, Key32(pack_id).val(), buf, sizeof(buf));
 }
 
 Status Catalog::WriteTxn::DeletePack(uint32_t pack_id) {
-  return Del(txn_, t_.packs, Key32(pack_id).val());
+  return LmdbDel(txn_, t_.packs, Key32(pack_id).val());
 }
 
 Status Catalog::WriteTxn::PutContent(ContentId id, const ContentRow& row) {
@@ -316,7 +346,7 @@ Status Catalog::WriteTxn::PutContent(ContentId id, const ContentRow& row) {
   PutLE<uint64_t>(buf, row.size);
   PutLE<uint64_t>(buf + 8, row.chunk_count);
   PutLE<uint64_t>(buf + 16, row.created_unix_ns);
-  return Put(txn_, t_.contents, Key64(id).val(), buf, sizeof(buf));
+  return LmdbPut(txn_, t_.contents, Key64(id).val(), buf, sizeof(buf));
 }
 
 Status Catalog::WriteTxn::DeleteContent(ContentId id) {
@@ -326,16 +356,16 @@ Status Catalog::WriteTxn::DeleteContent(ContentId id) {
     return true;
   }));
   for (uint64_t offset : offsets) {
-    CKPTFS_RETURN_IF_ERROR(Del(txn_, t_.content_chunks, RefKey(id, offset).val()));
+    CKPTFS_RETURN_IF_ERROR(LmdbDel(txn_, t_.content_chunks, RefKey(id, offset).val()));
   }
-  return Del(txn_, t_.contents, Key64(id).val());
+  return LmdbDel(txn_, t_.contents, Key64(id).val());
 }
 
 Status Catalog::WriteTxn::PutChunkRef(ContentId content, const ChunkRef& ref) {
   std::byte buf[kChunkRefBytes];
   std::memcpy(buf, ref.id.bytes.data(), 32);
   PutLE<uint32_t>(buf + 32, ref.length);
-  return Put(txn_, t_.content_chunks, RefKey(content, ref.offset).val(), buf, sizeof(buf));
+  return LmdbPut(txn_, t_.content_chunks, RefKey(content, ref.offset).val(), buf, sizeof(buf));
 }
 
 Status Catalog::WriteTxn::PutName(std::string_view name, ContentId id) {
@@ -344,17 +374,17 @@ Status Catalog::WriteTxn::PutName(std::string_view name, ContentId id) {
   }
   std::byte buf[8];
   PutLE<uint64_t>(buf, id);
-  return Put(txn_, t_.names, Val(name.data(), name.size()), buf, sizeof(buf));
+  return LmdbPut(txn_, t_.names, Val(name.data(), name.size()), buf, sizeof(buf));
 }
 
 Status Catalog::WriteTxn::DeleteName(std::string_view name) {
-  return Del(txn_, t_.names, Val(name.data(), name.size()));
+  return LmdbDel(txn_, t_.names, Val(name.data(), name.size()));
 }
 
 Status Catalog::WriteTxn::PutCounter(std::string_view key, uint64_t value) {
   std::byte buf[8];
   PutLE<uint64_t>(buf, value);
-  return Put(txn_, t_.meta, Val(key.data(), key.size()), buf, sizeof(buf));
+  return LmdbPut(txn_, t_.meta, Val(key.data(), key.size()), buf, sizeof(buf));
 }
 
 Status Catalog::WriteTxn::Commit() {

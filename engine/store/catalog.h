@@ -8,6 +8,8 @@
 //   content_chunks  content id, offset -> ChunkRef (the chunk that starts at that offset)
 //   names           UTF-8 name         -> content id (the CLI's put/get namespace)
 //   meta            key                -> u64 (counters such as the next content id)
+//   inodes, dirents, xattrs             -> rows of the filesystem namespace (engine/namespace/),
+//                                          reached through the raw-bytes Table API below
 //
 // Keys are big-endian so a cursor walks a content's chunks in offset order and ChunkAt() finds
 // the chunk covering an offset in O(log n). The FUSE namespace and version tables of later
@@ -54,6 +56,9 @@ struct ContentRow {
   uint64_t created_unix_ns = 0;
 };
 
+// Tables whose rows other modules encode themselves (keys sort bytewise).
+enum class Table { kInodes, kDirents, kXattrs };
+
 struct ChunkRef {
   uint64_t offset = 0;  // in the content
   ChunkId id;
@@ -77,6 +82,7 @@ class Catalog {
  private:
   struct Tables {
     MDB_dbi chunks, packs, contents, content_chunks, names, meta;
+    MDB_dbi raw[3];  // indexed by Table
   };
   Catalog() = default;
   MDB_env* env_ = nullptr;
@@ -107,6 +113,12 @@ class Catalog::ReadTxn {
                          const std::function<bool(const ChunkRef&)>& fn) const;
   Status ForEachName(const std::function<bool(std::string_view, ContentId)>& fn) const;
 
+  // Raw-bytes tables. Get returns nullopt when absent. ForEach visits keys >= from that start
+  // with `prefix`, in byte order; fn returns false to stop.
+  Result<std::optional<std::string>> Get(Table table, std::string_view key) const;
+  Status ForEach(Table table, std::string_view prefix, std::string_view from,
+                 const std::function<bool(std::string_view key, std::string_view value)>& fn) const;
+
  protected:
   friend class Catalog;
   ReadTxn(MDB_txn* txn, const Tables& t) : txn_(txn), t_(t) {}
@@ -129,6 +141,8 @@ class Catalog::WriteTxn : public ReadTxn {
   Status PutName(std::string_view name, ContentId id);
   Status DeleteName(std::string_view name);
   Status PutCounter(std::string_view key, uint64_t value);
+  Status Put(Table table, std::string_view key, std::string_view value);
+  Status Delete(Table table, std::string_view key);
   // Durable when it returns OK. The transaction is finished either way.
   Status Commit();
 

@@ -4,7 +4,13 @@
 
 namespace ckptfs {
 
-ContentWriter::ContentWriter(Store* store) : store_(store), cdc_(store->options().chunking) {}
+ContentWriter::ContentWriter(Store* store, std::optional<ContentId> base, uint64_t base_size)
+    : store_(store),
+      base_(base),
+      base_size_(base_size),
+      cdc_(store->options().chunking),
+      size_(base_size),
+      chunk_start_(base_size) {}
 
 ContentWriter::~ContentWriter() {
   if (!finished_) Abandon();
@@ -88,6 +94,39 @@ void ContentWriter::Abandon() {
   finished_ = true;
 }
 
+Result<size_t> ContentWriter::ReadBack(uint64_t offset, MutableBytes out) {
+  if (offset >= size_ || out.empty()) return size_t{0};
+  const size_t want = static_cast<size_t>(std::min<uint64_t>(out.size(), size_ - offset));
+  size_t done = 0;
+  if (offset < base_size_) {
+    size_t n = static_cast<size_t>(std::min<uint64_t>(want, base_size_ - offset));
+    CKPTFS_ASSIGN_OR_RETURN(size_t got, store_->Read(*base_, offset, out.first(n)));
+    if (got != n) return Status::Corruption("base content is shorter than recorded");
+    done = n;
+  }
+  WaitIdle();
+  CKPTFS_RETURN_IF_ERROR(store_->packs_->WaitWritten());
+  std::lock_guard lock(mu_);
+  CKPTFS_RETURN_IF_ERROR(error_);
+  for (const Slot& slot : slots_) {
+    if (done == want) break;
+    uint64_t pos = offset + done;
+    if (pos >= slot.ref.offset + slot.ref.length) continue;
+    CKPTFS_ASSIGN_OR_RETURN(auto chunk, store_->LoadChunk(slot.ref.id, slot.row));
+    size_t in_chunk = static_cast<size_t>(pos - slot.ref.offset);
+    size_t n = std::min(want - done, chunk->size() - in_chunk);
+    std::memcpy(out.data() + done, chunk->data() + in_chunk, n);
+    done += n;
+  }
+  if (done < want) {  // the rest is in the chunk still being filled
+    uint64_t pos = offset + done;
+    size_t n = want - done;
+    std::memcpy(out.data() + done, current_.data() + (pos - chunk_start_), n);
+    done += n;
+  }
+  return done;
+}
+
 Result<ContentId> ContentWriter::Finish(const CommitHook& hook) {
   if (!current_.empty()) Submit();
   WaitIdle();
@@ -103,7 +142,7 @@ Result<ContentId> ContentWriter::Finish(const CommitHook& hook) {
   std::vector<std::pair<ChunkRef, ChunkRow>> refs;
   refs.reserve(slots_.size());
   for (const Slot& s : slots_) refs.emplace_back(s.ref, s.row);
-  Result<ContentId> id = store_->CommitContent(refs, size_, hook);
+  Result<ContentId> id = store_->CommitContent(base_, refs, size_, hook);
   Abandon();  // unpins: the catalog now holds the references (or the commit failed)
   return id;
 }

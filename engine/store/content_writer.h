@@ -14,6 +14,10 @@
 // Finish() waits for the pipeline, makes the records durable and commits the content; a hook
 // runs inside that same catalog transaction (to bind the content to a name or inode). A writer
 // destroyed without Finish() abandons its content: nothing becomes visible.
+//
+// A writer made by Store::NewAppender(base) continues an existing content: the new content is
+// base's bytes followed by what is appended (base itself is left as it is). ReadBack() reads
+// what has been written so far, committed or not.
 // Thread-compatible: one thread drives a writer.
 #pragma once
 
@@ -22,6 +26,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <optional>
 
 #include "engine/chunk/fastcdc.h"
 #include "engine/store/catalog.h"
@@ -49,6 +54,9 @@ class ContentWriter {
   Status Cut();
   void SetCutMode(CutMode mode) { mode_ = mode; }
   uint64_t size() const { return size_; }
+  // Reads bytes [offset, offset + out.size()) of what was written so far; short at the end.
+  // Waits for queued chunks to be stored first.
+  Result<size_t> ReadBack(uint64_t offset, MutableBytes out);
   // REQUIRES: not yet finished. On error the content is abandoned.
   Result<ContentId> Finish(const CommitHook& hook = nullptr);
 
@@ -59,12 +67,14 @@ class ContentWriter {
     ChunkRow row;
     bool pinned = false;
   };
-  explicit ContentWriter(Store* store);
+  ContentWriter(Store* store, std::optional<ContentId> base, uint64_t base_size);
   void Submit();
   void WaitIdle();
   void Abandon();
 
   Store* const store_;
+  const std::optional<ContentId> base_;
+  const uint64_t base_size_;
   FastCdc cdc_;
   CutMode mode_ = CutMode::kContentDefined;
   Buffer current_;

@@ -185,6 +185,12 @@ Status PackWriter::WaitAllInflight() {
   return Status::OK();
 }
 
+Status PackWriter::WaitWritten() {
+  std::lock_guard lock(mu_);
+  if (uring_ok_) CKPTFS_RETURN_IF_ERROR(WaitAllInflight());
+  return Status::OK();
+}
+
 Status PackWriter::Sync() {
   std::shared_ptr<FileDescriptor> fd;
   uint32_t id = 0;

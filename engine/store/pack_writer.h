@@ -63,6 +63,9 @@ class PackWriter {
   Result<PackLocation> Append(const RecordHeader& header, Buffer payload);
   // Returns once every record appended before the call is on disk or known to have failed.
   Status Sync();
+  // Returns once every record appended before the call has been written (not necessarily
+  // synced), so that it can be read back through another descriptor.
+  Status WaitWritten();
   // True when the record at `loc` was written successfully and synced.
   bool IsDurable(const PackLocation& loc) const;
   // Closes the active pack (synced) and starts a new one on the next Append.

@@ -169,7 +169,12 @@ Status Store::Recover() {
 }
 
 std::unique_ptr<ContentWriter> Store::NewWriter() {
-  return std::unique_ptr<ContentWriter>(new ContentWriter(this));
+  return std::unique_ptr<ContentWriter>(new ContentWriter(this, std::nullopt, 0));
+}
+
+Result<std::unique_ptr<ContentWriter>> Store::NewAppender(ContentId base) {
+  CKPTFS_ASSIGN_OR_RETURN(ContentRow row, StatContent(base));
+  return std::unique_ptr<ContentWriter>(new ContentWriter(this, base, row.size));
 }
 
 Result<ChunkRow> Store::PutChunk(const ChunkId& id, Bytes raw) {
@@ -220,13 +225,31 @@ void Store::Unpin(const ChunkId& id) {
 }
 
 Result<ContentId> Store::CommitContent(
-    const std::vector<std::pair<ChunkRef, ChunkRow>>& refs, uint64_t size,
+    std::optional<ContentId> base, const std::vector<std::pair<ChunkRef, ChunkRow>>& refs,
+    uint64_t size,
     const std::function<Status(Catalog::WriteTxn&, ContentId)>& hook) {
   Status synced = packs_->Sync();
   CKPTFS_ASSIGN_OR_RETURN(auto txn, catalog_->BeginWrite());
   CKPTFS_ASSIGN_OR_RETURN(uint64_t last_id, txn.GetCounter(kNextContentKey));
   const ContentId id = last_id + 1;
   CKPTFS_RETURN_IF_ERROR(txn.PutCounter(kNextContentKey, id));
+  uint64_t chunk_count = refs.size();
+  if (base) {
+    // The base's chunks are referenced once more, by the new content.
+    std::vector<ChunkRef> base_refs;
+    CKPTFS_RETURN_IF_ERROR(txn.ForEachChunkRef(*base, 0, [&](const ChunkRef& ref) {
+      base_refs.push_back(ref);
+      return true;
+    }));
+    for (const ChunkRef& ref : base_refs) {
+      CKPTFS_ASSIGN_OR_RETURN(std::optional<ChunkRow> row, txn.GetChunk(ref.id));
+      if (!row) return Status::Corruption("base content refers to a missing chunk");
+      ++row->refcount;
+      CKPTFS_RETURN_IF_ERROR(txn.PutChunk(ref.id, *row));
+      CKPTFS_RETURN_IF_ERROR(txn.PutChunkRef(id, ref));
+    }
+    chunk_count += base_refs.size();
+  }
   std::map<uint32_t, uint64_t> pack_ends;
   for (const auto& [ref, pinned_row] : refs) {
     CKPTFS_RETURN_IF_ERROR(txn.PutChunkRef(id, ref));
@@ -251,7 +274,7 @@ Result<ContentId> Store::CommitContent(
     uint64_t committed = std::max(row ? row->committed : 0, end);
     CKPTFS_RETURN_IF_ERROR(txn.PutPack(pack_id, PackRow{committed}));
   }
-  CKPTFS_RETURN_IF_ERROR(txn.PutContent(id, ContentRow{size, refs.size(), NowUnixNs()}));
+  CKPTFS_RETURN_IF_ERROR(txn.PutContent(id, ContentRow{size, chunk_count, NowUnixNs()}));
   if (hook) CKPTFS_RETURN_IF_ERROR(hook(txn, id));
   CKPTFS_RETURN_IF_ERROR(txn.Commit());
   return id;

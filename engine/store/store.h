@@ -107,6 +107,8 @@ class Store {
 
   // A new streaming writer. The store must outlive it.
   std::unique_ptr<ContentWriter> NewWriter();
+  // A writer whose content starts with the bytes of `base` (see ContentWriter).
+  Result<std::unique_ptr<ContentWriter>> NewAppender(ContentId base);
 
   Result<ContentRow> StatContent(ContentId id) const;
   // Reads up to out.size() bytes at offset; returns the count (short only at the end).
@@ -147,7 +149,8 @@ class Store {
   Result<ChunkRow> PutChunk(const ChunkId& id, Bytes raw);
   void Unpin(const ChunkId& id);
   // Durably commits a content made of `refs` (rows as PutChunk returned them).
-  Result<ContentId> CommitContent(const std::vector<std::pair<ChunkRef, ChunkRow>>& refs,
+  Result<ContentId> CommitContent(std::optional<ContentId> base,
+                                  const std::vector<std::pair<ChunkRef, ChunkRow>>& refs,
                                   uint64_t size,
                                   const std::function<Status(Catalog::WriteTxn&, ContentId)>& hook);
   Result<std::shared_ptr<const Buffer>> LoadChunk(const ChunkId& id, const ChunkRow& row) const;

@@ -80,6 +80,45 @@ TEST_F(StoreTest, CallerOnlyModeCutsExactlyWhereTold) {
   EXPECT_EQ(0, std::memcmp(back.data(), data.data(), data.size()));
 }
 
+TEST_F(StoreTest, AppenderContinuesABaseAndLeavesItIntact) {
+  Store& store = Open();
+  Buffer data = RandomBuffer(7 << 20, 5);
+  const size_t split = (3 << 20) + 12345;
+  auto w = store.NewWriter();
+  ASSERT_TRUE(w->Append(data.bytes().first(split)).ok());
+  ContentId base = *w->Finish();
+  auto a = *store.NewAppender(base);
+  ASSERT_TRUE(a->Append(data.bytes().subspan(split)).ok());
+  ContentId whole = *a->Finish();
+  Buffer back = ReadAll(whole);
+  ASSERT_EQ(back.size(), data.size());
+  EXPECT_EQ(0, std::memcmp(back.data(), data.data(), data.size()));
+  EXPECT_EQ(ReadAll(base).size(), split);
+  ASSERT_TRUE(store.Release(base).ok());
+  ASSERT_TRUE(store.Gc().ok());
+  back = ReadAll(whole);
+  EXPECT_EQ(0, std::memcmp(back.data(), data.data(), data.size()));
+  EXPECT_TRUE(store.Verify()->ok());
+}
+
+TEST_F(StoreTest, ReadBackShowsUncommittedBytes) {
+  Store& store = Open();
+  Buffer data = RandomBuffer(9 << 20, 6);
+  auto w = store.NewWriter();
+  ASSERT_TRUE(w->Append(data.bytes().first(100)).ok());
+  ASSERT_TRUE(w->Append(data.bytes().subspan(100)).ok());
+  std::mt19937 rng(1);
+  for (int i = 0; i < 50; ++i) {
+    uint64_t off = rng() % data.size();
+    Buffer out(1 + rng() % (3 << 20));
+    auto n = w->ReadBack(off, out.mutable_bytes());
+    ASSERT_TRUE(n.ok()) << n.status().ToString();
+    ASSERT_EQ(*n, std::min<uint64_t>(out.size(), data.size() - off));
+    ASSERT_EQ(0, std::memcmp(out.data(), data.data() + off, *n)) << off;
+  }
+  ASSERT_TRUE(w->Finish().ok());
+}
+
 TEST_F(StoreTest, AbandonedWriterLeavesNothingVisible) {
   Store& store = Open();
   {
