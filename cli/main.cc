@@ -2,7 +2,12 @@
 // happened in words; exit status 0 on success, 1 on failure, 2 on a usage error.
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
+#include <sys/wait.h>
+#include <sys/xattr.h>
 #include <unistd.h>
+
+#include <chrono>
+#include <thread>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -10,6 +15,7 @@
 
 #include "engine/store/content_writer.h"
 #include "engine/store/store.h"
+#include "fs/mount.h"
 
 namespace ckptfs {
 namespace {
@@ -147,6 +153,69 @@ int Stats(const std::string& dir) {
   return 0;
 }
 
+// "128M", "2G", "4096" -> bytes.
+Result<size_t> ParseSize(const std::string& text) {
+  size_t pos = 0;
+  unsigned long long v = 0;
+  try {
+    v = std::stoull(text, &pos);
+  } catch (...) {
+    return Status::InvalidArgument("bad size '" + text + "': use e.g. 128M or 2G");
+  }
+  std::string unit = text.substr(pos);
+  size_t mult = 1;
+  if (unit == "K" || unit == "k") mult = size_t{1} << 10;
+  else if (unit == "M" || unit == "m") mult = size_t{1} << 20;
+  else if (unit == "G" || unit == "g") mult = size_t{1} << 30;
+  else if (!unit.empty()) return Status::InvalidArgument("bad size unit in '" + text + "'");
+  return static_cast<size_t>(v) * mult;
+}
+
+Status SetControl(const std::string& path, const char* name) {
+  if (::setxattr(path.c_str(), name, "1", 1, 0) != 0) {
+    return Status::FromErrno(errno, std::string(name + 11) + " " + path +
+                                        " (is it inside a ckptfs mount?)");
+  }
+  return Status::OK();
+}
+
+int Sync(const std::string& mountpoint) {
+  Status s = SetControl(mountpoint, "user.ckptfs.sync");
+  return s.ok() ? 0 : Fail(s);
+}
+
+int Seal(const std::string& version) {
+  Status s = SetControl(version, "user.ckptfs.seal");
+  return s.ok() ? 0 : Fail(s);
+}
+
+// Makes everything durable, unmounts, and waits for the daemon to finish.
+int Umount(const std::string& mountpoint) {
+  char pid_buf[32] = {0};
+  ssize_t n = ::getxattr(mountpoint.c_str(), "user.ckptfs.pid", pid_buf, sizeof(pid_buf) - 1);
+  if (n <= 0) {
+    return Fail(Status::FromErrno(errno, mountpoint + " is not a ckptfs mount"));
+  }
+  pid_t pid = static_cast<pid_t>(std::stol(std::string(pid_buf, static_cast<size_t>(n))));
+  Status s = SetControl(mountpoint, "user.ckptfs.sync");
+  if (!s.ok()) return Fail(s);
+  pid_t child = ::fork();
+  if (child == 0) {
+    ::execlp("fusermount3", "fusermount3", "-u", mountpoint.c_str(), nullptr);
+    ::_exit(127);
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    return Fail(Status::Busy("fusermount3 -u " + mountpoint + " failed (files still open?)"));
+  }
+  for (int i = 0; ::kill(pid, 0) == 0; ++i) {
+    if (i == 100) std::fprintf(stderr, "ckptfs: waiting for the daemon (pid %d) to finish\n", pid);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return 0;
+}
+
 }  // namespace
 }  // namespace ckptfs
 
@@ -186,6 +255,31 @@ int main(int argc, char** argv) {
   auto* stats = app.add_subcommand("stats", "logical vs stored bytes");
   stats->add_option("STORE", store)->required();
 
+  ckptfs::MountArgs margs;
+  std::string cache_size = "256M", inflight_size = "256M";
+  double seal_after = 10;
+  auto* mount = app.add_subcommand("mount", "mount STORE (created if missing) at MOUNTPOINT");
+  mount->add_option("STORE", margs.store)->required();
+  mount->add_option("MOUNTPOINT", margs.mountpoint)->required();
+  mount->add_flag("-f,--foreground", margs.foreground, "stay in the foreground, log to stderr");
+  mount->add_option("--cache-size", cache_size, "decoded-chunk cache, e.g. 128M")
+      ->capture_default_str();
+  mount->add_option("--inflight", inflight_size, "bytes queued for compression before write() waits")
+      ->capture_default_str();
+  mount->add_option("--codec", codec, "none, lz4, zstd or zstd:LEVEL")->capture_default_str();
+  mount->add_option("--seal-after", seal_after,
+                    "seal a version this many seconds after a newer one exists and its files "
+                    "are closed; 0: only `ckptfs seal`")
+      ->capture_default_str();
+  mount->add_option("-o", margs.fuse_options, "FUSE mount options (e.g. allow_other)");
+  std::string mountpoint, version;
+  auto* umount = app.add_subcommand("umount", "make everything durable, then unmount");
+  umount->add_option("MOUNTPOINT", mountpoint)->required();
+  auto* sync = app.add_subcommand("sync", "wait until everything written so far is durable");
+  sync->add_option("MOUNTPOINT", mountpoint)->required();
+  auto* seal = app.add_subcommand("seal", "seal a version: it becomes read-only");
+  seal->add_option("MOUNTPOINT/VERSION", version)->required();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -202,5 +296,22 @@ int main(int argc, char** argv) {
   if (*verify) return Verify(store);
   if (*gc) return Gc(store, rewrite_below);
   if (*stats) return Stats(store);
+  if (*mount) {
+    auto cache = ParseSize(cache_size);
+    auto inflight = ParseSize(inflight_size);
+    auto spec = CodecSpec::Parse(codec);
+    for (const Status& st : {cache.status(), inflight.status(), spec.status()}) {
+      if (!st.ok()) return Fail(st);
+    }
+    margs.cache_bytes = *cache;
+    margs.inflight_bytes = *inflight;
+    margs.codec = *spec;
+    margs.seal_after = std::chrono::milliseconds(static_cast<int64_t>(seal_after * 1000));
+    if (margs.foreground) spdlog::set_level(spdlog::level::info);
+    return RunMount(margs);
+  }
+  if (*umount) return Umount(mountpoint);
+  if (*sync) return Sync(mountpoint);
+  if (*seal) return Seal(version);
   return 2;
 }

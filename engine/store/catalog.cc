@@ -137,7 +137,10 @@ Result<std::unique_ptr<Catalog>> Catalog::Open(const std::filesystem::path& dir)
   const std::pair<const char*, MDB_dbi*> tables[] = {
       {"chunks", &c->t_.chunks},     {"packs", &c->t_.packs},
       {"contents", &c->t_.contents}, {"content_chunks", &c->t_.content_chunks},
-      {"names", &c->t_.names},       {"meta", &c->t_.meta}};
+      {"names", &c->t_.names},       {"meta", &c->t_.meta},
+      {"inodes", &c->t_.raw[static_cast<int>(Table::kInodes)]},
+      {"dirents", &c->t_.raw[static_cast<int>(Table::kDirents)]},
+      {"xattrs", &c->t_.raw[static_cast<int>(Table::kXattrs)]}};
   for (const auto& [name, dbi] : tables) {
     rc = mdb_dbi_open(txn, name, MDB_CREATE, dbi);
     if (rc != 0) {

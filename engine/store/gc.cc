@@ -6,7 +6,9 @@
 // consistent: uncommitted copies are cut as a pack tail, a forgotten pack file is deleted.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <map>
+#include <set>
 
 #include "engine/store/record.h"
 #include "engine/store/store.h"
@@ -33,10 +35,21 @@ Result<GcReport> Store::Gc(const GcOptions& options) {
     report.chunks_dropped = dead.size();
   }
 
-  // 2. Live bytes per pack.
-  std::map<uint32_t, uint64_t> committed;
+  // 2. Live records per pack, and the packs to rewrite: mostly dead ones no writer is using.
+  // Pins are read before the snapshot, under gc_mu_, where no writer is between appending a
+  // record and pinning it (PutChunk does both under gc_mu_): a pack without pins gains no chunk
+  // row after the snapshot unless it is the active pack, which is closed here if it is a victim
+  // (before a writer's record or a gc copy can land in it).
   std::map<uint32_t, std::vector<std::pair<ChunkId, ChunkRow>>> live;
+  std::vector<uint32_t> victims;
   {
+    std::unique_lock gc(gc_mu_);
+    std::set<uint32_t> busy;
+    {
+      std::lock_guard lock(mu_);
+      for (const auto& [id, pinned] : pinned_) busy.insert(pinned.row.pack_id);
+    }
+    std::map<uint32_t, uint64_t> committed;
     CKPTFS_ASSIGN_OR_RETURN(auto txn, catalog_->BeginRead());
     CKPTFS_RETURN_IF_ERROR(txn.ForEachPack([&](uint32_t id, const PackRow& row) {
       committed[id] = row.committed;
@@ -46,13 +59,24 @@ Result<GcReport> Store::Gc(const GcOptions& options) {
       live[row.pack_id].emplace_back(id, row);
       return true;
     }));
+    for (const auto& [pack_id, length] : committed) {
+      uint64_t live_bytes = kPackHeaderBytes;
+      for (const auto& entry : live[pack_id]) live_bytes += entry.second.length;
+      if (length > 0 && static_cast<double>(live_bytes) >= options.rewrite_below * length) {
+        continue;
+      }
+      if (busy.count(pack_id) != 0) {
+        report.skipped.push_back(PackFileName(pack_id) + ": a writer is using it");
+        continue;
+      }
+      victims.push_back(pack_id);
+    }
+    if (std::count(victims.begin(), victims.end(), packs_->active_pack_id()) != 0) {
+      CKPTFS_RETURN_IF_ERROR(packs_->Rotate());
+    }
   }
-  for (const auto& [pack_id, length] : committed) {
-    uint64_t live_bytes = kPackHeaderBytes;
-    for (const auto& entry : live[pack_id]) live_bytes += entry.second.length;
-    if (length > 0 && static_cast<double>(live_bytes) >= options.rewrite_below * length) continue;
-    // The active pack is closed first, so that live records move out of it into a new one.
-    if (pack_id == packs_->active_pack_id()) CKPTFS_RETURN_IF_ERROR(packs_->Rotate());
+  // 3. Rewrite them.
+  for (uint32_t pack_id : victims) {
     Status s = RewritePack(pack_id, live[pack_id], options, &report);
     if (!s.ok()) {
       if (s.IsCorruption()) {

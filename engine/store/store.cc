@@ -204,6 +204,9 @@ Result<ChunkRow> Store::PutChunk(const ChunkId& id, Bytes raw) {
   header.stored_len = static_cast<uint32_t>(stored.size());
   header.id = id;
   header.payload_checksum = Checksum64(stored.bytes());
+  // Appended and pinned under gc_mu_, so that gc never finds a record neither pinned nor
+  // committed in a pack it is about to rewrite.
+  std::shared_lock gc(gc_mu_);
   CKPTFS_ASSIGN_OR_RETURN(PackLocation loc, packs_->Append(header, std::move(stored)));
   ChunkRow row{loc.pack_id,
                loc.offset,
@@ -236,6 +239,11 @@ Result<ContentId> Store::CommitContent(
   uint64_t chunk_count = refs.size();
   if (base) {
     // The base's chunks are referenced once more, by the new content.
+    CKPTFS_ASSIGN_OR_RETURN(std::optional<ContentRow> base_row, txn.GetContent(*base));
+    if (!base_row) {
+      return Status::NotFound("content " + std::to_string(*base) +
+                              " that this writer continues was released meanwhile");
+    }
     std::vector<ChunkRef> base_refs;
     CKPTFS_RETURN_IF_ERROR(txn.ForEachChunkRef(*base, 0, [&](const ChunkRef& ref) {
       base_refs.push_back(ref);
@@ -310,6 +318,11 @@ Result<size_t> Store::Read(ContentId id, uint64_t offset, MutableBytes out) cons
       return false;
     }
     uint64_t pos = offset + done;
+    if (pos < ref.offset || pos - ref.offset >= (*chunk)->size()) {
+      err = Status::Corruption("content " + std::to_string(id) + " has a gap in its chunk list " +
+                               "at offset " + std::to_string(pos) + "; run `ckptfs verify`");
+      return false;
+    }
     size_t in_chunk = static_cast<size_t>(pos - ref.offset);
     size_t n = std::min(want - done, (*chunk)->size() - in_chunk);
     std::memcpy(out.data() + done, (*chunk)->data() + in_chunk, n);

@@ -7,29 +7,27 @@ namespace ckptfs {
 
 Status Status::FromErrno(int err, std::string_view what) {
   std::string msg = std::string(what) + ": " + std::strerror(err);
+  Status s;
   switch (err) {
     case ENOSPC:
     case EDQUOT:
-      return NoSpace(msg + " (free disk space, or run `ckptfs gc`)");
-    case ENOENT:
-      return NotFound(msg);
-    case EEXIST:
-      return AlreadyExists(msg);
-    case EINVAL:
-      return InvalidArgument(msg);
-    case EROFS:
-      return ReadOnly(msg);
+      s = NoSpace(msg + " (free disk space, or run `ckptfs gc`)");
+      break;
+    case ENOENT: s = NotFound(msg); break;
+    case EEXIST: s = AlreadyExists(msg); break;
+    case EINVAL: s = InvalidArgument(msg); break;
+    case EROFS: s = ReadOnly(msg); break;
     case EBUSY:
-    case EWOULDBLOCK:
-      return Busy(msg);
-    case EOPNOTSUPP:
-      return NotSupported(msg);
-    default:
-      return IOError(msg);
+    case EWOULDBLOCK: s = Busy(msg); break;
+    case EOPNOTSUPP: s = NotSupported(msg); break;
+    default: s = IOError(msg); break;
   }
+  s.errno_ = err;
+  return s;
 }
 
 int Status::ToErrno() const {
+  if (errno_ != 0) return errno_;
   switch (code_) {
     case Code::kOk:
       return 0;

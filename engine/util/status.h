@@ -48,6 +48,7 @@ class [[nodiscard]] Status {
   static Status ReadOnly(std::string_view msg) { return Status(Code::kReadOnly, msg); }
   // Builds a Status from an errno value: ENOSPC/EDQUOT -> kNoSpace, ENOENT -> kNotFound, ...
   // `what` names the operation and object, e.g. "write pack /s/packs/000001.pack".
+  // ToErrno() of the result returns `err` itself.
   static Status FromErrno(int err, std::string_view what);
 
   bool ok() const { return code_ == Code::kOk; }
@@ -65,6 +66,7 @@ class [[nodiscard]] Status {
  private:
   Status(Code code, std::string_view msg) : code_(code), msg_(msg) {}
   Code code_ = Code::kOk;
+  int errno_ = 0;  // set by FromErrno
   std::string msg_;
 };
 

@@ -1,0 +1,882 @@
+#include "engine/namespace/filesystem.h"
+
+#include "engine/util/coding.h"
+
+#include <fcntl.h>
+#include <linux/fs.h>
+#include <spdlog/spdlog.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+
+namespace ckptfs {
+namespace {
+
+constexpr char kNextInoKey[] = "next_ino";
+constexpr char kNextVersionKey[] = "next_version_seq";
+constexpr size_t kCopyBytes = 4 << 20;
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+Status CheckName(std::string_view name) {
+  if (name.empty() || name == "." || name == "..") return Status::InvalidArgument("bad name");
+  if (name.size() > 255) return Status::FromErrno(ENAMETOOLONG, std::string(name.substr(0, 32)));
+  if (name.find('/') != std::string_view::npos || name.find('\0') != std::string_view::npos) {
+    return Status::InvalidArgument("a name may not hold '/' or NUL");
+  }
+  return Status::OK();
+}
+
+Status Errno(int err, std::string_view what) { return Status::FromErrno(err, what); }
+
+}  // namespace
+
+// The in-memory state of a file that is open, or closed but not yet committed.
+struct FileSystem::OpenInode {
+  explicit OpenInode(const Inode& inode)
+      : ino(inode.ino), version(inode.version), base(inode.content), size(inode.size),
+        size_view(inode.size), mtime_view(inode.mtime_ns) {}
+  const Ino ino;
+  Ino version;               // GUARDED_BY(open_mu_)
+  int handles = 0;           // GUARDED_BY(open_mu_)
+  std::atomic<bool> sealed{false};
+
+  std::mutex mu;
+  ContentId base;            // GUARDED_BY(mu): committed content the bytes start from
+  uint64_t size;             // GUARDED_BY(mu)
+  bool dirty = false;        // GUARDED_BY(mu): differs from the committed inode
+  std::unique_ptr<ContentWriter> writer;  // GUARDED_BY(mu): streaming mode
+  FileDescriptor staging;                 // GUARDED_BY(mu): staging mode
+  Status error;              // GUARDED_BY(mu): a write or commit failed; bytes are lost
+  // Read without mu by GetAttr.
+  std::atomic<uint64_t> size_view;
+  std::atomic<int64_t> mtime_view;
+};
+
+FileSystem::FileSystem(Store* store, const FileSystemOptions& options)
+    : store_(store), options_(options), staging_dir_(store->dir() / "staging") {}
+
+Result<std::unique_ptr<FileSystem>> FileSystem::Open(Store* store,
+                                                     const FileSystemOptions& options) {
+  std::unique_ptr<FileSystem> fs(new FileSystem(store, options));
+  CKPTFS_RETURN_IF_ERROR(fs->Init());
+  fs->committer_ = std::thread([p = fs.get()] { p->RunCommitter(); });
+  if (options.seal_after.count() > 0) fs->sealer_ = std::thread([p = fs.get()] { p->RunSealer(); });
+  return fs;
+}
+
+FileSystem::~FileSystem() {
+  if (committer_.joinable()) {
+    Status s = Sync();
+    if (!s.ok()) spdlog::error("committing open files at shutdown failed: {}", s.ToString());
+  }
+  {
+    std::lock_guard lock(queue_mu_);
+    stopping_ = true;
+  }
+  queue_cv_.notify_all();
+  if (committer_.joinable()) committer_.join();
+  if (sealer_.joinable()) sealer_.join();
+}
+
+Status FileSystem::Init() {
+  std::error_code ec;
+  std::filesystem::create_directories(staging_dir_, ec);
+  if (ec) return Status::IOError("create " + staging_dir_.string() + ": " + ec.message());
+  CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginWrite());
+  CKPTFS_ASSIGN_OR_RETURN(std::optional<Inode> root, GetInode(txn, kRootIno));
+  if (!root) {
+    Inode r;
+    r.ino = kRootIno;
+    r.mode = S_IFDIR | 0755;
+    r.uid = ::getuid();
+    r.gid = ::getgid();
+    r.nlink = 2;
+    r.atime_ns = r.mtime_ns = r.ctime_ns = NowNs();
+    CKPTFS_RETURN_IF_ERROR(PutInode(txn, r));
+    CKPTFS_RETURN_IF_ERROR(txn.PutCounter(kNextInoKey, kRootIno));
+  }
+  // Inodes unlinked while open when the last mount ended: drop them now.
+  std::vector<Inode> orphans;
+  Status err;
+  CKPTFS_RETURN_IF_ERROR(txn.ForEach(Table::kInodes, "", "", [&](auto key, auto value) {
+    auto inode = Inode::Decode(value);
+    if (!inode.ok()) {
+      err = inode.status();
+      return false;
+    }
+    if (inode->nlink == 0) {
+      inode->ino = GetBE64(key.data());
+      orphans.push_back(*inode);
+    }
+    return true;
+  }));
+  CKPTFS_RETURN_IF_ERROR(err);
+  for (const Inode& orphan : orphans) CKPTFS_RETURN_IF_ERROR(DropInode(txn, orphan));
+  return txn.Commit();
+}
+
+// ---- Namespace ------------------------------------------------------------------------------
+
+Result<Inode> FileSystem::MustGet(const Catalog::ReadTxn& txn, Ino ino) {
+  CKPTFS_ASSIGN_OR_RETURN(std::optional<Inode> inode, GetInode(txn, ino));
+  if (!inode) return Status::NotFound("inode " + std::to_string(ino));
+  return *inode;
+}
+
+Status FileSystem::CheckWritable(const Catalog::ReadTxn& txn, const Inode& inode) {
+  if (inode.version == 0) return Status::OK();
+  CKPTFS_ASSIGN_OR_RETURN(Inode version, MustGet(txn, inode.version));
+  if (version.sealed()) {
+    return Status::ReadOnly("version is sealed; write a new version instead");
+  }
+  return Status::OK();
+}
+
+Result<Inode> FileSystem::Lookup(Ino parent, std::string_view name) {
+  std::optional<Ino> child;
+  {
+    CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginRead());
+    CKPTFS_ASSIGN_OR_RETURN(child, GetDirent(txn, parent, name));
+  }
+  if (!child) return Status::NotFound(std::string(name));
+  return GetAttr(*child);
+}
+
+Result<Inode> FileSystem::GetAttr(Ino ino) {
+  Inode inode;
+  {
+    CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginRead());
+    CKPTFS_ASSIGN_OR_RETURN(inode, MustGet(txn, ino));
+  }
+  std::lock_guard lock(open_mu_);
+  auto it = open_files_.find(ino);
+  if (it != open_files_.end()) {
+    inode.size = it->second->size_view.load();
+    inode.mtime_ns = std::max(inode.mtime_ns, it->second->mtime_view.load());
+  }
+  return inode;
+}
+
+Result<Inode> FileSystem::MakeNode(Ino parent, std::string_view name, uint32_t mode,
+                                   const Caller& caller, std::string_view symlink) {
+  CKPTFS_RETURN_IF_ERROR(CheckName(name));
+  CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginWrite());
+  CKPTFS_ASSIGN_OR_RETURN(Inode dir, MustGet(txn, parent));
+  if (!dir.is_dir()) return Errno(ENOTDIR, "parent");
+  if (dir.nlink == 0) return Status::NotFound("parent directory was removed");
+  CKPTFS_RETURN_IF_ERROR(CheckWritable(txn, dir));
+  CKPTFS_ASSIGN_OR_RETURN(std::optional<Ino> existing, GetDirent(txn, parent, name));
+  if (existing) return Status::AlreadyExists(std::string(name));
+  CKPTFS_ASSIGN_OR_RETURN(uint64_t last, txn.GetCounter(kNextInoKey));
+  Inode n;
+  n.ino = last + 1;
+  n.mode = mode;
+  n.uid = caller.uid;
+  n.gid = caller.gid;
+  n.nlink = S_ISDIR(mode) ? 2 : 1;
+  n.atime_ns = n.mtime_ns = n.ctime_ns = NowNs();
+  n.parent = parent;
+  n.symlink = std::string(symlink);
+  n.size = symlink.size();
+  if (parent == kRootIno) {
+    n.version = S_ISDIR(mode) ? n.ino : 0;
+    if (S_ISDIR(mode)) {
+      CKPTFS_ASSIGN_OR_RETURN(uint64_t seq, txn.GetCounter(kNextVersionKey));
+      n.version_seq = seq + 1;
+      CKPTFS_RETURN_IF_ERROR(txn.PutCounter(kNextVersionKey, n.version_seq));
+    }
+  } else {
+    n.version = dir.version;
+  }
+  CKPTFS_RETURN_IF_ERROR(txn.PutCounter(kNextInoKey, n.ino));
+  CKPTFS_RETURN_IF_ERROR(PutInode(txn, n));
+  CKPTFS_RETURN_IF_ERROR(txn.Put(Table::kDirents, DirentKey(parent, name), EncodeDirent(n.ino, mode)));
+  dir.mtime_ns = dir.ctime_ns = n.ctime_ns;
+  if (S_ISDIR(mode)) ++dir.nlink;
+  CKPTFS_RETURN_IF_ERROR(PutInode(txn, dir));
+  CKPTFS_RETURN_IF_ERROR(txn.Commit());
+  return n;
+}
+
+Result<Inode> FileSystem::Mkdir(Ino parent, std::string_view name, uint32_t mode,
+                                const Caller& caller) {
+  return MakeNode(parent, name, S_IFDIR | (mode & 07777), caller, "");
+}
+
+Result<Inode> FileSystem::Symlink(Ino parent, std::string_view name, std::string_view target,
+                                  const Caller& caller) {
+  if (target.empty() || target.size() > 4095) return Status::InvalidArgument("symlink target");
+  return MakeNode(parent, name, S_IFLNK | 0777, caller, target);
+}
+
+Result<std::string> FileSystem::Readlink(Ino ino) {
+  CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginRead());
+  CKPTFS_ASSIGN_OR_RETURN(Inode inode, MustGet(txn, ino));
+  if (!inode.is_symlink()) return Status::InvalidArgument("not a symbolic link");
+  return inode.symlink;
+}
+
+Status FileSystem::DropInode(Catalog::WriteTxn& txn, const Inode& inode) {
+  std::vector<std::string> xattrs;
+  CKPTFS_RETURN_IF_ERROR(txn.ForEach(Table::kXattrs, XattrPrefix(inode.ino), "",
+                                     [&](auto key, auto) {
+                                       xattrs.emplace_back(key);
+                                       return true;
+                                     }));
+  for (const auto& key : xattrs) CKPTFS_RETURN_IF_ERROR(txn.Delete(Table::kXattrs, key));
+  if (inode.content != 0) CKPTFS_RETURN_IF_ERROR(store_->ReleaseInTxn(txn, inode.content));
+  return txn.Delete(Table::kInodes, InodeKey(inode.ino));
+}
+
+Status FileSystem::RemoveEntry(Catalog::WriteTxn& txn, Ino parent, std::string_view name,
+                               const Inode& child) {
+  CKPTFS_RETURN_IF_ERROR(txn.Delete(Table::kDirents, DirentKey(parent, name)));
+  CKPTFS_ASSIGN_OR_RETURN(Inode dir, MustGet(txn, parent));
+  dir.mtime_ns = dir.ctime_ns = NowNs();
+  if (child.is_dir()) --dir.nlink;
+  CKPTFS_RETURN_IF_ERROR(PutInode(txn, dir));
+  bool open;
+  {
+    std::lock_guard lock(open_mu_);
+    open = open_files_.count(child.ino) != 0;
+  }
+  if (!open) return DropInode(txn, child);
+  Inode orphan = child;  // dropped when its last handle goes (or at the next mount)
+  orphan.nlink = 0;
+  return PutInode(txn, orphan);
+}
+
+Status FileSystem::Unlink(Ino parent, std::string_view name) {
+  CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginWrite());
+  CKPTFS_ASSIGN_OR_RETURN(std::optional<Ino> ino, GetDirent(txn, parent, name));
+  if (!ino) return Status::NotFound(std::string(name));
+  CKPTFS_ASSIGN_OR_RETURN(Inode child, MustGet(txn, *ino));
+  if (child.is_dir()) return Errno(EISDIR, std::string(name));
+  CKPTFS_RETURN_IF_ERROR(RemoveEntry(txn, parent, name, child));
+  return txn.Commit();
+}
+
+Status FileSystem::Rmdir(Ino parent, std::string_view name) {
+  CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginWrite());
+  CKPTFS_ASSIGN_OR_RETURN(std::optional<Ino> ino, GetDirent(txn, parent, name));
+  if (!ino) return Status::NotFound(std::string(name));
+  CKPTFS_ASSIGN_OR_RETURN(Inode child, MustGet(txn, *ino));
+  if (!child.is_dir()) return Errno(ENOTDIR, std::string(name));
+  bool empty = true;
+  CKPTFS_RETURN_IF_ERROR(txn.ForEach(Table::kDirents, DirentPrefix(child.ino), "",
+                                     [&](auto, auto) { return empty = false; }));
+  if (!empty) return Errno(ENOTEMPTY, std::string(name));
+  CKPTFS_RETURN_IF_ERROR(RemoveEntry(txn, parent, name, child));
+  return txn.Commit();
+}
+
+Status FileSystem::Rename(Ino parent, std::string_view name, Ino new_parent,
+                          std::string_view new_name, unsigned flags) {
+  if (flags & ~static_cast<unsigned>(RENAME_NOREPLACE)) {
+    return Status::InvalidArgument("only RENAME_NOREPLACE is supported");
+  }
+  CKPTFS_RETURN_IF_ERROR(CheckName(new_name));
+  CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginWrite());
+  CKPTFS_ASSIGN_OR_RETURN(std::optional<Ino> src_ino, GetDirent(txn, parent, name));
+  if (!src_ino) return Status::NotFound(std::string(name));
+  CKPTFS_ASSIGN_OR_RETURN(Inode src, MustGet(txn, *src_ino));
+  CKPTFS_ASSIGN_OR_RETURN(Inode from_dir, MustGet(txn, parent));
+  CKPTFS_ASSIGN_OR_RETURN(Inode to_dir, MustGet(txn, new_parent));
+  if (!to_dir.is_dir()) return Errno(ENOTDIR, std::string(new_name));
+  CKPTFS_RETURN_IF_ERROR(CheckWritable(txn, from_dir));
+  CKPTFS_RETURN_IF_ERROR(CheckWritable(txn, to_dir));
+  Ino new_version = new_parent == kRootIno ? (src.is_dir() ? src.ino : 0) : to_dir.version;
+  if (src.is_dir() && new_version != src.version) {
+    return Errno(EXDEV, "moving a directory into another version");
+  }
+  // A directory may not move below itself.
+  for (Ino up = new_parent; src.is_dir() && up != kRootIno && up != 0;) {
+    if (up == src.ino) return Status::InvalidArgument("cannot move a directory into itself");
+    CKPTFS_ASSIGN_OR_RETURN(Inode dir, MustGet(txn, up));
+    up = dir.parent;
+  }
+  CKPTFS_ASSIGN_OR_RETURN(std::optional<Ino> dst_ino, GetDirent(txn, new_parent, new_name));
+  if (dst_ino) {
+    if (*dst_ino == src.ino) return Status::OK();
+    if (flags & RENAME_NOREPLACE) return Status::AlreadyExists(std::string(new_name));
+    CKPTFS_ASSIGN_OR_RETURN(Inode dst, MustGet(txn, *dst_ino));
+    if (dst.is_dir() && !src.is_dir()) return Errno(EISDIR, std::string(new_name));
+    if (!dst.is_dir() && src.is_dir()) return Errno(ENOTDIR, std::string(new_name));
+    if (dst.is_dir()) {
+      bool empty = true;
+      CKPTFS_RETURN_IF_ERROR(txn.ForEach(Table::kDirents, DirentPrefix(dst.ino), "",
+                                         [&](auto, auto) { return empty = false; }));
+      if (!empty) return Errno(ENOTEMPTY, std::string(new_name));
+    }
+    CKPTFS_RETURN_IF_ERROR(RemoveEntry(txn, new_parent, new_name, dst));
+  }
+  CKPTFS_RETURN_IF_ERROR(txn.Delete(Table::kDirents, DirentKey(parent, name)));
+  CKPTFS_RETURN_IF_ERROR(
+      txn.Put(Table::kDirents, DirentKey(new_parent, new_name), EncodeDirent(src.ino, src.mode)));
+  const int64_t now = NowNs();
+  src.parent = new_parent;
+  src.version = new_version;
+  src.ctime_ns = now;
+  CKPTFS_RETURN_IF_ERROR(PutInode(txn, src));
+  // Directory link counts and times (re-read: RemoveEntry may have changed them).
+  CKPTFS_ASSIGN_OR_RETURN(from_dir, MustGet(txn, parent));
+  from_dir.mtime_ns = from_dir.ctime_ns = now;
+  if (src.is_dir() && parent != new_parent) --from_dir.nlink;
+  CKPTFS_RETURN_IF_ERROR(PutInode(txn, from_dir));
+  if (parent != new_parent) {
+    CKPTFS_ASSIGN_OR_RETURN(to_dir, MustGet(txn, new_parent));
+    to_dir.mtime_ns = to_dir.ctime_ns = now;
+    if (src.is_dir()) ++to_dir.nlink;
+    CKPTFS_RETURN_IF_ERROR(PutInode(txn, to_dir));
+  }
+  CKPTFS_RETURN_IF_ERROR(txn.Commit());
+  std::lock_guard lock(open_mu_);
+  auto it = open_files_.find(src.ino);
+  if (it != open_files_.end()) it->second->version = new_version;
+  return Status::OK();
+}
+
+// ---- Open files -----------------------------------------------------------------------------
+
+Result<std::shared_ptr<FileSystem::OpenInode>> FileSystem::OpenInodeFor(const Inode& inode) {
+  std::lock_guard lock(open_mu_);
+  auto& slot = open_files_[inode.ino];
+  if (!slot) slot = std::make_shared<OpenInode>(inode);
+  version_activity_[inode.version] = std::chrono::steady_clock::now();
+  return slot;
+}
+
+Result<uint64_t> FileSystem::AddHandle(std::shared_ptr<OpenInode> file, int flags) {
+  std::lock_guard lock(open_mu_);
+  ++file->handles;
+  uint64_t fh = next_handle_++;
+  handles_[fh] = Handle{std::move(file), flags};
+  return fh;
+}
+
+Result<FileSystem::Handle> FileSystem::GetHandle(uint64_t fh) {
+  std::lock_guard lock(open_mu_);
+  auto it = handles_.find(fh);
+  if (it == handles_.end()) return Errno(EBADF, "file handle");
+  return it->second;
+}
+
+Result<uint64_t> FileSystem::Open(Ino ino, int flags) {
+  Inode inode;
+  {
+    CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginRead());
+    CKPTFS_ASSIGN_OR_RETURN(inode, MustGet(txn, ino));
+    if (inode.is_dir()) return Errno(EISDIR, "open");
+    if (!inode.is_reg()) return Errno(EINVAL, "open of a special file");
+    bool writing = (flags & O_ACCMODE) != O_RDONLY || (flags & O_TRUNC);
+    if (writing) CKPTFS_RETURN_IF_ERROR(CheckWritable(txn, inode));
+  }
+  CKPTFS_ASSIGN_OR_RETURN(auto file, OpenInodeFor(inode));
+  if (flags & O_TRUNC) {
+    std::lock_guard lock(file->mu);
+    file->writer.reset();
+    file->staging = FileDescriptor();
+    file->error = Status::OK();
+    file->base = 0;
+    file->size = 0;
+    file->size_view = 0;
+    file->mtime_view = NowNs();
+    file->dirty = true;
+  }
+  return AddHandle(std::move(file), flags);
+}
+
+Result<std::pair<Inode, uint64_t>> FileSystem::Create(Ino parent, std::string_view name,
+                                                      uint32_t mode, int flags,
+                                                      const Caller& caller) {
+  auto made = MakeNode(parent, name, S_IFREG | (mode & 07777), caller, "");
+  if (!made.ok()) {
+    if (made.status().code() != Status::Code::kAlreadyExists || (flags & O_EXCL)) {
+      return made.status();
+    }
+    CKPTFS_ASSIGN_OR_RETURN(Inode existing, Lookup(parent, name));
+    CKPTFS_ASSIGN_OR_RETURN(uint64_t fh, Open(existing.ino, flags));
+    return std::make_pair(existing, fh);
+  }
+  CKPTFS_ASSIGN_OR_RETURN(uint64_t fh, Open(made->ino, flags & ~O_TRUNC));
+  return std::make_pair(*made, fh);
+}
+
+Result<size_t> FileSystem::Read(uint64_t fh, uint64_t offset, MutableBytes out) {
+  CKPTFS_ASSIGN_OR_RETURN(Handle h, GetHandle(fh));
+  OpenInode& f = *h.file;
+  ContentId content;
+  uint64_t size;
+  {
+    std::lock_guard lock(f.mu);
+    CKPTFS_RETURN_IF_ERROR(f.error);
+    if (offset >= f.size) return size_t{0};
+    out = out.first(static_cast<size_t>(std::min<uint64_t>(out.size(), f.size - offset)));
+    if (f.staging.valid()) {
+      ssize_t n = ::pread(f.staging.get(), out.data(), out.size(), static_cast<off_t>(offset));
+      if (n < 0) return Errno(errno, "read staging file");
+      return static_cast<size_t>(n);
+    }
+    if (f.writer) return f.writer->ReadBack(offset, out);
+    content = f.base;
+    size = f.size;
+  }
+  // A clean file reads straight from the store, without holding the file's lock.
+  if (content == 0) {
+    std::memset(out.data(), 0, out.size());
+    return out.size();
+  }
+  (void)size;
+  return store_->Read(content, offset, out);
+}
+
+Status FileSystem::ToStagingLocked(OpenInode& f) {
+  CKPTFS_ASSIGN_OR_RETURN(FileDescriptor fd, ckptfs::OpenFile(staging_dir_, O_TMPFILE | O_RDWR, 0600));
+  Buffer buf(kCopyBytes);
+  for (uint64_t off = 0; off < f.size;) {
+    MutableBytes piece = buf.mutable_bytes().first(
+        static_cast<size_t>(std::min<uint64_t>(kCopyBytes, f.size - off)));
+    size_t n;
+    if (f.writer) {
+      CKPTFS_ASSIGN_OR_RETURN(n, f.writer->ReadBack(off, piece));
+    } else if (f.base != 0) {
+      CKPTFS_ASSIGN_OR_RETURN(n, store_->Read(f.base, off, piece));
+    } else {
+      std::memset(piece.data(), 0, piece.size());
+      n = piece.size();
+    }
+    if (n == 0) return Status::Corruption("file is shorter than its size");
+    CKPTFS_RETURN_IF_ERROR(PWriteFull(fd.get(), off, piece.first(n), staging_dir_));
+    off += n;
+  }
+  if (::ftruncate(fd.get(), static_cast<off_t>(f.size)) != 0) {
+    return Errno(errno, "size staging file");
+  }
+  f.writer.reset();  // abandons the streamed chunks: the staging file holds the bytes now
+  f.staging = std::move(fd);
+  return Status::OK();
+}
+
+Status FileSystem::Write(uint64_t fh, uint64_t offset, Bytes data) {
+  CKPTFS_ASSIGN_OR_RETURN(Handle h, GetHandle(fh));
+  OpenInode& f = *h.file;
+  if (f.sealed) return Status::ReadOnly("version is sealed");
+  std::lock_guard lock(f.mu);
+  CKPTFS_RETURN_IF_ERROR(f.error);
+  if (h.flags & O_APPEND) offset = f.size;
+  Status s;
+  if (!f.staging.valid() && offset == f.size) {
+    if (!f.writer) {
+      if (f.base != 0) {
+        CKPTFS_ASSIGN_OR_RETURN(f.writer, store_->NewAppender(f.base));
+      } else {
+        f.writer = store_->NewWriter();
+      }
+    }
+    s = f.writer->Append(data);
+  } else {
+    if (!f.staging.valid()) s = ToStagingLocked(f);
+    if (s.ok()) s = PWriteFull(f.staging.get(), offset, data, staging_dir_);
+  }
+  if (!s.ok()) {
+    if (f.writer || !f.staging.valid()) f.error = s;  // streamed bytes cannot be trusted now
+    return s;
+  }
+  f.size = std::max(f.size, offset + data.size());
+  f.size_view = f.size;
+  f.mtime_view = NowNs();
+  f.dirty = true;
+  return Status::OK();
+}
+
+Status FileSystem::CommitLocked(OpenInode& f) {
+  if (!f.dirty) return f.error;
+  CKPTFS_RETURN_IF_ERROR(f.error);
+  const uint64_t size = f.size;
+  const int64_t mtime = f.mtime_view.load();
+  auto bind = [&](Catalog::WriteTxn& txn, ContentId id) -> Status {
+    CKPTFS_ASSIGN_OR_RETURN(std::optional<Inode> inode, GetInode(txn, f.ino));
+    if (!inode) return id != 0 ? store_->ReleaseInTxn(txn, id) : Status::OK();
+    ContentId old = inode->content;
+    inode->content = id;
+    inode->size = size;
+    inode->mtime_ns = mtime;
+    inode->ctime_ns = NowNs();
+    CKPTFS_RETURN_IF_ERROR(PutInode(txn, *inode));
+    if (old != 0 && old != id) CKPTFS_RETURN_IF_ERROR(store_->ReleaseInTxn(txn, old));
+    return Status::OK();
+  };
+  Result<ContentId> id = ContentId{0};
+  if (f.writer) {
+    id = f.writer->Finish(bind);
+    f.writer.reset();
+  } else if (f.staging.valid()) {
+    auto writer = store_->NewWriter();
+    Buffer buf(kCopyBytes);
+    for (uint64_t off = 0; off < size && id.ok();) {
+      size_t n = static_cast<size_t>(std::min<uint64_t>(kCopyBytes, size - off));
+      Status s = PReadFull(f.staging.get(), off, buf.mutable_bytes().first(n), staging_dir_);
+      if (s.ok()) s = writer->Append(buf.bytes().first(n));
+      if (!s.ok()) id = s;
+      off += n;
+    }
+    if (id.ok()) id = writer->Finish(bind);
+    if (id.ok()) f.staging = FileDescriptor();
+  } else {
+    // Truncated to nothing: no content.
+    CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginWrite());
+    Status s = bind(txn, 0);
+    if (s.ok()) s = txn.Commit();
+    if (!s.ok()) id = s;
+  }
+  if (!id.ok()) {
+    spdlog::error("committing inode {} failed: {}; it keeps its previous contents", f.ino,
+                  id.status().ToString());
+    if (!f.staging.valid()) f.error = id.status();
+    return id.status();
+  }
+  f.base = *id;
+  f.dirty = false;
+  return Status::OK();
+}
+
+Status FileSystem::Flush(uint64_t fh) {
+  CKPTFS_ASSIGN_OR_RETURN(Handle h, GetHandle(fh));
+  std::lock_guard lock(h.file->mu);
+  return h.file->error;
+}
+
+Status FileSystem::Fsync(uint64_t fh) {
+  CKPTFS_ASSIGN_OR_RETURN(Handle h, GetHandle(fh));
+  return Enqueue(CommitRequest{h.file, false, nullptr}, /*wait=*/true);
+}
+
+Status FileSystem::Release(uint64_t fh) {
+  std::shared_ptr<OpenInode> file;
+  {
+    std::lock_guard lock(open_mu_);
+    auto it = handles_.find(fh);
+    if (it == handles_.end()) return Errno(EBADF, "release");
+    file = std::move(it->second.file);
+    handles_.erase(it);
+    version_activity_[file->version] = std::chrono::steady_clock::now();
+    if (--file->handles > 0) return Status::OK();
+  }
+  return Enqueue(CommitRequest{std::move(file), true, nullptr}, /*wait=*/false);
+}
+
+Status FileSystem::Enqueue(CommitRequest request, bool wait) {
+  std::future<Status> done;
+  if (wait) {
+    request.done = std::make_shared<std::promise<Status>>();
+    done = request.done->get_future();
+  }
+  {
+    std::lock_guard lock(queue_mu_);
+    queue_.push_back(std::move(request));
+  }
+  queue_cv_.notify_all();
+  return wait ? done.get() : Status::OK();
+}
+
+void FileSystem::RunCommitter() {
+  for (;;) {
+    CommitRequest req;
+    {
+      std::unique_lock lock(queue_mu_);
+      queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      req = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    Status s;
+    if (req.file) {
+      OpenInode& f = *req.file;
+      {
+        std::lock_guard lock(f.mu);
+        s = CommitLocked(f);
+      }
+      if (req.release) {
+        // Forget the open file unless it was opened again; drop it if it was unlinked.
+        auto txn = store_->catalog().BeginWrite();
+        bool forget = false;
+        if (txn.ok()) {
+          std::lock_guard lock(open_mu_);
+          auto it = open_files_.find(f.ino);
+          forget = f.handles == 0 && it != open_files_.end() && it->second == req.file;
+          if (forget) open_files_.erase(it);
+        }
+        if (forget) {
+          auto inode = GetInode(*txn, f.ino);
+          Status d = inode.ok() ? Status::OK() : inode.status();
+          if (d.ok() && *inode && (*inode)->nlink == 0) d = DropInode(*txn, **inode);
+          if (d.ok()) d = txn->Commit();
+          if (!d.ok()) spdlog::error("dropping unlinked inode {} failed: {}", f.ino, d.ToString());
+        }
+      }
+    }
+    if (req.done) req.done->set_value(s);
+  }
+}
+
+// ---- Directories, xattrs, statfs --------------------------------------------------------------
+
+Result<uint64_t> FileSystem::OpenDir(Ino ino) {
+  std::vector<DirEntry> entries;
+  {
+    CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginRead());
+    CKPTFS_ASSIGN_OR_RETURN(Inode dir, MustGet(txn, ino));
+    if (!dir.is_dir()) return Errno(ENOTDIR, "opendir");
+    const std::string prefix = DirentPrefix(ino);
+    Status err;
+    CKPTFS_RETURN_IF_ERROR(txn.ForEach(Table::kDirents, prefix, "", [&](auto key, auto value) {
+      if (value.size() != 12) {
+        err = Status::Corruption("directory entry has an unknown layout");
+        return false;
+      }
+      DirentValue d = DecodeDirent(value);
+      entries.push_back(DirEntry{std::string(key.substr(prefix.size())), d.ino, d.mode});
+      return true;
+    }));
+    CKPTFS_RETURN_IF_ERROR(err);
+  }
+  std::lock_guard lock(open_mu_);
+  uint64_t dh = next_handle_++;
+  dir_handles_[dh] = std::move(entries);
+  return dh;
+}
+
+Status FileSystem::ReadDir(uint64_t dh, uint64_t offset,
+                           const std::function<bool(const DirEntry&, uint64_t)>& fn) {
+  std::vector<DirEntry> entries;
+  {
+    std::lock_guard lock(open_mu_);
+    auto it = dir_handles_.find(dh);
+    if (it == dir_handles_.end()) return Errno(EBADF, "readdir");
+    if (offset >= it->second.size()) return Status::OK();
+    entries.assign(it->second.begin() + static_cast<ptrdiff_t>(offset), it->second.end());
+  }
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (!fn(entries[i], offset + i + 1)) break;
+  }
+  return Status::OK();
+}
+
+void FileSystem::ReleaseDir(uint64_t dh) {
+  std::lock_guard lock(open_mu_);
+  dir_handles_.erase(dh);
+}
+
+Result<Inode> FileSystem::SetAttr(Ino ino, const SetAttrRequest& req) {
+  if (req.size) {
+    CKPTFS_ASSIGN_OR_RETURN(uint64_t fh, Open(ino, O_WRONLY));
+    Status s;
+    {
+      CKPTFS_ASSIGN_OR_RETURN(Handle h, GetHandle(fh));
+      OpenInode& f = *h.file;
+      std::lock_guard lock(f.mu);
+      s = f.error;
+      if (s.ok() && *req.size == 0) {
+        f.writer.reset();
+        f.staging = FileDescriptor();
+        f.base = 0;
+      } else if (s.ok() && *req.size != f.size) {
+        if (!f.staging.valid()) s = ToStagingLocked(f);
+        if (s.ok() && ::ftruncate(f.staging.get(), static_cast<off_t>(*req.size)) != 0) {
+          s = Errno(errno, "truncate staging file");
+        }
+      }
+      if (s.ok()) {
+        f.size = *req.size;
+        f.size_view = f.size;
+        f.mtime_view = NowNs();
+        f.dirty = true;
+      }
+    }
+    Status r = Release(fh);
+    CKPTFS_RETURN_IF_ERROR(s);
+    CKPTFS_RETURN_IF_ERROR(r);
+  }
+  if (req.mode || req.uid || req.gid || req.atime_ns || req.mtime_ns) {
+    CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginWrite());
+    CKPTFS_ASSIGN_OR_RETURN(Inode inode, MustGet(txn, ino));
+    CKPTFS_RETURN_IF_ERROR(CheckWritable(txn, inode));
+    if (req.mode) inode.mode = (inode.mode & S_IFMT) | (*req.mode & 07777);
+    if (req.uid) inode.uid = *req.uid;
+    if (req.gid) inode.gid = *req.gid;
+    if (req.atime_ns) inode.atime_ns = *req.atime_ns;
+    if (req.mtime_ns) inode.mtime_ns = *req.mtime_ns;
+    inode.ctime_ns = NowNs();
+    CKPTFS_RETURN_IF_ERROR(PutInode(txn, inode));
+    CKPTFS_RETURN_IF_ERROR(txn.Commit());
+    if (req.mtime_ns) {
+      std::lock_guard lock(open_mu_);
+      auto it = open_files_.find(ino);
+      if (it != open_files_.end()) it->second->mtime_view = *req.mtime_ns;
+    }
+  }
+  return GetAttr(ino);
+}
+
+Status FileSystem::SetXattr(Ino ino, std::string_view name, std::string_view value, int flags) {
+  if (name == "user.ckptfs.seal") return Seal(ino);
+  if (name == "user.ckptfs.sync") return Sync();
+  if (name.substr(0, 5) != "user.") return Status::NotSupported("only user.* attributes");
+  if (value.size() > 64 * 1024) return Errno(E2BIG, "xattr value");
+  CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginWrite());
+  CKPTFS_ASSIGN_OR_RETURN(Inode inode, MustGet(txn, ino));
+  CKPTFS_RETURN_IF_ERROR(CheckWritable(txn, inode));
+  CKPTFS_ASSIGN_OR_RETURN(auto old, txn.Get(Table::kXattrs, XattrKey(ino, name)));
+  if ((flags & XATTR_CREATE) && old) return Status::AlreadyExists(std::string(name));
+  if ((flags & XATTR_REPLACE) && !old) return Errno(ENODATA, std::string(name));
+  CKPTFS_RETURN_IF_ERROR(txn.Put(Table::kXattrs, XattrKey(ino, name), value));
+  return txn.Commit();
+}
+
+Result<std::string> FileSystem::GetXattr(Ino ino, std::string_view name) {
+  CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginRead());
+  if (name == "user.ckptfs.pid") return std::to_string(::getpid());
+  if (name == "user.ckptfs.sealed") {
+    CKPTFS_ASSIGN_OR_RETURN(Inode inode, MustGet(txn, ino));
+    if (inode.version == 0) return Errno(ENODATA, "not in a version");
+    CKPTFS_ASSIGN_OR_RETURN(Inode version, MustGet(txn, inode.version));
+    return std::string(version.sealed() ? "1" : "0");
+  }
+  CKPTFS_ASSIGN_OR_RETURN(auto value, txn.Get(Table::kXattrs, XattrKey(ino, name)));
+  if (!value) return Errno(ENODATA, std::string(name));
+  return *value;
+}
+
+Result<std::vector<std::string>> FileSystem::ListXattr(Ino ino) {
+  CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginRead());
+  std::vector<std::string> names;
+  const std::string prefix = XattrPrefix(ino);
+  CKPTFS_RETURN_IF_ERROR(txn.ForEach(Table::kXattrs, prefix, "", [&](auto key, auto) {
+    names.emplace_back(key.substr(prefix.size()));
+    return true;
+  }));
+  return names;
+}
+
+Status FileSystem::RemoveXattr(Ino ino, std::string_view name) {
+  CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginWrite());
+  CKPTFS_ASSIGN_OR_RETURN(Inode inode, MustGet(txn, ino));
+  CKPTFS_RETURN_IF_ERROR(CheckWritable(txn, inode));
+  CKPTFS_ASSIGN_OR_RETURN(auto old, txn.Get(Table::kXattrs, XattrKey(ino, name)));
+  if (!old) return Errno(ENODATA, std::string(name));
+  CKPTFS_RETURN_IF_ERROR(txn.Delete(Table::kXattrs, XattrKey(ino, name)));
+  return txn.Commit();
+}
+
+Result<struct statvfs> FileSystem::StatFs() {
+  struct statvfs st;
+  if (::statvfs(store_->dir().c_str(), &st) != 0) return Errno(errno, "statfs");
+  st.f_namemax = 255;
+  return st;
+}
+
+// ---- Durability and versions ----------------------------------------------------------------
+
+Status FileSystem::Sync() {
+  std::vector<std::shared_ptr<OpenInode>> open;
+  {
+    std::lock_guard lock(open_mu_);
+    for (const auto& [ino, file] : open_files_) open.push_back(file);
+  }
+  for (auto& file : open) CKPTFS_RETURN_IF_ERROR(Enqueue(CommitRequest{file, false, nullptr}, false));
+  return Enqueue(CommitRequest{nullptr, false, nullptr}, /*wait=*/true);
+}
+
+Status FileSystem::Seal(Ino ino) {
+  {
+    CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginRead());
+    CKPTFS_ASSIGN_OR_RETURN(Inode inode, MustGet(txn, ino));
+    if (!inode.is_dir() || inode.parent != kRootIno) {
+      return Status::InvalidArgument("only a version (a directory at the top of the mount) can "
+                                     "be sealed");
+    }
+    if (inode.sealed()) return Status::OK();
+  }
+  std::vector<std::shared_ptr<OpenInode>> in_version;
+  {
+    std::lock_guard lock(open_mu_);
+    for (const auto& [i, file] : open_files_) {
+      if (file->version == ino) {
+        file->sealed = true;  // further writes fail with EROFS
+        in_version.push_back(file);
+      }
+    }
+  }
+  for (auto& file : in_version) {
+    CKPTFS_RETURN_IF_ERROR(Enqueue(CommitRequest{file, false, nullptr}, false));
+  }
+  CKPTFS_RETURN_IF_ERROR(Enqueue(CommitRequest{nullptr, false, nullptr}, /*wait=*/true));
+  CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginWrite());
+  CKPTFS_ASSIGN_OR_RETURN(Inode inode, MustGet(txn, ino));
+  inode.flags |= Inode::kSealed;
+  inode.ctime_ns = NowNs();
+  CKPTFS_RETURN_IF_ERROR(PutInode(txn, inode));
+  CKPTFS_RETURN_IF_ERROR(txn.Commit());
+  spdlog::info("sealed version inode {}", ino);
+  return Status::OK();
+}
+
+bool FileSystem::IsImmutable(Ino ino) {
+  auto txn = store_->catalog().BeginRead();
+  if (!txn.ok()) return false;
+  auto inode = GetInode(*txn, ino);
+  if (!inode.ok() || !*inode || !(*inode)->is_reg() || (*inode)->version == 0) return false;
+  auto version = GetInode(*txn, (*inode)->version);
+  return version.ok() && *version && (*version)->sealed();
+}
+
+void FileSystem::RunSealer() {
+  const auto tick = std::max(std::chrono::milliseconds(50), options_.seal_after / 4);
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    {
+      std::unique_lock lock(queue_mu_);
+      if (queue_cv_.wait_for(lock, tick, [&] { return stopping_; })) return;
+    }
+    std::vector<Inode> versions;
+    {
+      auto txn = store_->catalog().BeginRead();
+      if (!txn.ok()) continue;
+      (void)txn->ForEach(Table::kDirents, DirentPrefix(kRootIno), "", [&](auto, auto value) {
+        if (value.size() == 12 && S_ISDIR(DecodeDirent(value).mode)) {
+          auto inode = GetInode(*txn, DecodeDirent(value).ino);
+          if (inode.ok() && *inode) versions.push_back(**inode);
+        }
+        return true;
+      });
+    }
+    uint64_t newest = 0;
+    for (const auto& v : versions) newest = std::max(newest, v.version_seq);
+    const auto now = std::chrono::steady_clock::now();
+    for (const auto& v : versions) {
+      if (v.sealed() || v.version_seq == newest) continue;
+      bool idle;
+      {
+        std::lock_guard lock(open_mu_);
+        idle = true;
+        for (const auto& [i, file] : open_files_) idle = idle && file->version != v.ino;
+        auto it = version_activity_.find(v.ino);
+        auto last = it == version_activity_.end() ? start : it->second;
+        idle = idle && now - last >= options_.seal_after;
+      }
+      if (idle) {
+        Status s = Seal(v.ino);
+        if (!s.ok()) spdlog::warn("automatic seal of inode {} failed: {}", v.ino, s.ToString());
+      }
+    }
+  }
+}
+
+}  // namespace ckptfs

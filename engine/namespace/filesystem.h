@@ -1,0 +1,184 @@
+// engine/namespace/filesystem.h
+//
+// The POSIX filesystem over a Store: a persistent namespace (inodes and directory entries in
+// the catalog, inode numbers stable across remounts), the write path and the read path. The
+// FUSE adapter (fs/) translates requests into these calls and nothing else.
+//
+//   auto fs = FileSystem::Open(store.get(), FileSystemOptions{});
+//   auto [inode, fh] = *(*fs)->Create(kRootIno, "latest", 0644, O_WRONLY, caller);
+//   CKPTFS_RETURN_IF_ERROR((*fs)->Write(fh, 0, bytes));
+//   CKPTFS_RETURN_IF_ERROR((*fs)->Release(fh));   // returns before the data is durable
+//   CKPTFS_RETURN_IF_ERROR((*fs)->Sync());        // now it is
+//
+// Write path. Writes at the end of a file stream into a ContentWriter (no staging copy);
+// any other write (seek back and patch, sparse, truncate to non-zero) moves the file to a
+// staging file on the store's disk, the documented slower path, and the staged bytes are
+// streamed into the store when the file is committed. A file is committed when its last
+// handle is released (asynchronously, in release order, by one committer thread), on
+// Fsync() (waits), and on Sync() (waits for everything). Reads of a file being written see
+// what was written.
+//
+// Versions. Each directory directly under the root is a version. A sealed version refuses
+// changes with ReadOnly (EROFS), except unlink and rmdir, so that `rm -rf` deletes it.
+// Versions are sealed by Seal() or automatically (FileSystemOptions::seal_after).
+// Hard links are refused (NotSupported -> EPERM at the FUSE layer).
+// Thread-safe.
+#pragma once
+
+#include <sys/statvfs.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/namespace/inode.h"
+#include "engine/store/content_writer.h"
+#include "engine/store/store.h"
+
+namespace ckptfs {
+
+struct FileSystemOptions {
+  // Seal a version once a newer version exists and none of its files has been open for this
+  // long. Zero disables automatic sealing.
+  std::chrono::milliseconds seal_after{std::chrono::seconds(10)};
+};
+
+struct Caller {
+  uint32_t uid = 0;
+  uint32_t gid = 0;
+};
+
+struct SetAttrRequest {
+  std::optional<uint32_t> mode;  // permission bits only
+  std::optional<uint32_t> uid, gid;
+  std::optional<uint64_t> size;
+  std::optional<int64_t> atime_ns, mtime_ns;  // already resolved from UTIME_NOW
+};
+
+struct DirEntry {
+  std::string name;
+  Ino ino = 0;
+  uint32_t mode = 0;
+};
+
+class FileSystem {
+ public:
+  static Result<std::unique_ptr<FileSystem>> Open(Store* store, const FileSystemOptions& options);
+  // Commits every open file (as Sync()) and stops the background threads.
+  ~FileSystem();
+  FileSystem(const FileSystem&) = delete;
+  FileSystem& operator=(const FileSystem&) = delete;
+
+  Result<Inode> Lookup(Ino parent, std::string_view name);
+  // For an open file, size and times reflect writes not yet committed.
+  Result<Inode> GetAttr(Ino ino);
+  Result<Inode> SetAttr(Ino ino, const SetAttrRequest& request);
+  Result<Inode> Mkdir(Ino parent, std::string_view name, uint32_t mode, const Caller& caller);
+  Result<Inode> Symlink(Ino parent, std::string_view name, std::string_view target,
+                        const Caller& caller);
+  Result<std::string> Readlink(Ino ino);
+  Status Unlink(Ino parent, std::string_view name);
+  Status Rmdir(Ino parent, std::string_view name);
+  // flags: 0 or RENAME_NOREPLACE. Moving a directory into another version is EXDEV.
+  Status Rename(Ino parent, std::string_view name, Ino new_parent, std::string_view new_name,
+                unsigned flags);
+
+  // Open files. A handle (fh) is valid until Release().
+  Result<std::pair<Inode, uint64_t>> Create(Ino parent, std::string_view name, uint32_t mode,
+                                            int flags, const Caller& caller);
+  Result<uint64_t> Open(Ino ino, int flags);
+  Result<size_t> Read(uint64_t fh, uint64_t offset, MutableBytes out);
+  Status Write(uint64_t fh, uint64_t offset, Bytes data);
+  // Reports an error that a write of this file already hit; does not wait for durability.
+  Status Flush(uint64_t fh);
+  Status Fsync(uint64_t fh);
+  Status Release(uint64_t fh);
+
+  // Directory listings are snapshots taken at OpenDir.
+  Result<uint64_t> OpenDir(Ino ino);
+  // Entries from position `offset` on (excluding . and ..); fn gets the next offset.
+  Status ReadDir(uint64_t dh, uint64_t offset,
+                 const std::function<bool(const DirEntry&, uint64_t next)>& fn);
+  void ReleaseDir(uint64_t dh);
+
+  // Control attributes (not listed): setting user.ckptfs.seal on a version seals it, setting
+  // user.ckptfs.sync anywhere runs Sync(); user.ckptfs.sealed reads "1" or "0" for anything in
+  // a version, user.ckptfs.pid the serving process. The CLI's seal/sync/umount use them.
+  Status SetXattr(Ino ino, std::string_view name, std::string_view value, int flags);
+  Result<std::string> GetXattr(Ino ino, std::string_view name);
+  Result<std::vector<std::string>> ListXattr(Ino ino);
+  Status RemoveXattr(Ino ino, std::string_view name);
+  Result<struct statvfs> StatFs();
+
+  // Returns once everything accepted so far (including open files' bytes) is durable.
+  Status Sync();
+  // Seals the version `ino` (a top-level directory), committing its open files first.
+  Status Seal(Ino ino);
+  // True for regular files of sealed versions: their pages may stay cached across opens.
+  bool IsImmutable(Ino ino);
+
+  Store* store() { return store_; }
+
+ private:
+  struct OpenInode;
+  struct Handle {
+    std::shared_ptr<OpenInode> file;
+    int flags = 0;
+  };
+  struct CommitRequest {
+    std::shared_ptr<OpenInode> file;  // null: a barrier
+    bool release = false;            // the last handle went: forget the open file afterwards
+    std::shared_ptr<std::promise<Status>> done;
+  };
+
+  FileSystem(Store* store, const FileSystemOptions& options);
+  Status Init();
+  Result<Inode> MustGet(const Catalog::ReadTxn& txn, Ino ino);
+  Status CheckWritable(const Catalog::ReadTxn& txn, const Inode& inode);
+  Result<Inode> MakeNode(Ino parent, std::string_view name, uint32_t mode, const Caller& caller,
+                         std::string_view symlink);
+  // Removes a name; drops the inode unless it is open.
+  Status RemoveEntry(Catalog::WriteTxn& txn, Ino parent, std::string_view name, const Inode& child);
+  Status DropInode(Catalog::WriteTxn& txn, const Inode& inode);
+  Result<std::shared_ptr<OpenInode>> OpenInodeFor(const Inode& inode);
+  Result<uint64_t> AddHandle(std::shared_ptr<OpenInode> file, int flags);
+  Result<Handle> GetHandle(uint64_t fh);
+  // Commits the file's bytes written so far. REQUIRES: file->mu held.
+  Status CommitLocked(OpenInode& file);
+  Status ToStagingLocked(OpenInode& file);
+  Status Enqueue(CommitRequest request, bool wait);
+  void RunCommitter();
+  void RunSealer();
+
+  Store* const store_;
+  const FileSystemOptions options_;
+  const std::filesystem::path staging_dir_;
+
+  // Lock order: OpenInode::mu, then the catalog write transaction, then open_mu_.
+  std::mutex open_mu_;
+  std::unordered_map<Ino, std::shared_ptr<OpenInode>> open_files_;  // GUARDED_BY(open_mu_)
+  std::unordered_map<uint64_t, Handle> handles_;                   // GUARDED_BY(open_mu_)
+  std::unordered_map<uint64_t, std::vector<DirEntry>> dir_handles_;  // GUARDED_BY(open_mu_)
+  std::map<Ino, std::chrono::steady_clock::time_point> version_activity_;  // GUARDED_BY(open_mu_)
+  uint64_t next_handle_ = 1;                                        // GUARDED_BY(open_mu_)
+
+  std::mutex queue_mu_;
+  std::condition_variable queue_cv_;
+  std::deque<CommitRequest> queue_;  // GUARDED_BY(queue_mu_)
+  bool stopping_ = false;            // GUARDED_BY(queue_mu_)
+  std::thread committer_;
+  std::thread sealer_;
+};
+
+}  // namespace ckptfs

@@ -1,0 +1,17 @@
+// fs/fuse_ops.h
+//
+// The FUSE adapter: each low-level FUSE operation decodes its request, calls one FileSystem
+// method and replies; a Status becomes its errno. No policy lives here.
+//
+//   fuse_session* se = fuse_session_new(&args, &FuseOps(), sizeof(fuse_lowlevel_ops), fs);
+#pragma once
+
+#define FUSE_USE_VERSION 34
+#include <fuse_lowlevel.h>
+
+namespace ckptfs {
+
+// The operation table; the session's userdata must be the FileSystem*.
+const fuse_lowlevel_ops& FuseOps();
+
+}  // namespace ckptfs

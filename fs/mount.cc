@@ -1,0 +1,141 @@
+#include "fs/mount.h"
+
+#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <memory>
+
+#include "engine/namespace/filesystem.h"
+#include "engine/store/store.h"
+#include "fs/fuse_ops.h"
+
+namespace ckptfs {
+namespace {
+
+// Reports the mount's outcome to the parent waiting in `ckptfs mount` (or to stderr).
+class ReadyPipe {
+ public:
+  explicit ReadyPipe(int fd) : fd_(fd) {}
+  void Report(const std::string& error) {
+    if (fd_ < 0) {
+      if (!error.empty()) std::fprintf(stderr, "ckptfs: %s\n", error.c_str());
+      return;
+    }
+    std::string msg = error.empty() ? "ok" : error;
+    (void)!::write(fd_, msg.data(), msg.size());
+    ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_;
+};
+
+int Serve(const MountArgs& args, ReadyPipe ready) {
+  StoreOptions options;
+  options.codec = args.codec;
+  options.cache_bytes = args.cache_bytes;
+  options.inflight_bytes = args.inflight_bytes;
+  auto store = Store::Open(args.store, options);
+  if (!store.ok()) {
+    ready.Report(store.status().ToString());
+    return 1;
+  }
+  if (!args.foreground) {
+    auto log = spdlog::basic_logger_mt("ckptfs-daemon", args.store + "/ckptfs.log");
+    log->flush_on(spdlog::level::info);
+    spdlog::set_default_logger(log);
+    spdlog::set_level(spdlog::level::info);
+  }
+  FileSystemOptions fs_options;
+  fs_options.seal_after = args.seal_after;
+  auto fs = FileSystem::Open(store->get(), fs_options);
+  if (!fs.ok()) {
+    ready.Report(fs.status().ToString());
+    return 1;
+  }
+
+  std::vector<std::string> argv_s = {"ckptfs", "-o",
+                                     "fsname=ckptfs:" + args.store + ",subtype=ckptfs,"
+                                     "default_permissions"};
+  for (const auto& o : args.fuse_options) {
+    argv_s.push_back("-o");
+    argv_s.push_back(o);
+  }
+  std::vector<char*> argv;
+  for (auto& a : argv_s) argv.push_back(a.data());
+  fuse_args fargs = FUSE_ARGS_INIT(static_cast<int>(argv.size()), argv.data());
+  fuse_session* se = fuse_session_new(&fargs, &FuseOps(), sizeof(fuse_lowlevel_ops), fs->get());
+  if (se == nullptr) {
+    ready.Report("could not start a FUSE session (bad -o option?)");
+    return 1;
+  }
+  if (fuse_set_signal_handlers(se) != 0 || fuse_session_mount(se, args.mountpoint.c_str()) != 0) {
+    fuse_session_destroy(se);
+    ready.Report("could not mount at " + args.mountpoint +
+                 ": is it an existing empty directory, is /dev/fuse there, are you root?");
+    return 1;
+  }
+  spdlog::info("mounted {} at {}", args.store, args.mountpoint);
+  ready.Report("");
+  if (!args.foreground) {
+    int null = ::open("/dev/null", O_RDWR);
+    if (null >= 0) {
+      ::dup2(null, STDIN_FILENO);
+      ::dup2(null, STDOUT_FILENO);
+      ::dup2(null, STDERR_FILENO);
+      ::close(null);
+    }
+  }
+  fuse_loop_config* cfg = fuse_loop_cfg_create();
+  fuse_loop_cfg_set_max_threads(cfg, 16);
+  int rc = fuse_session_loop_mt(se, cfg);
+  fuse_loop_cfg_destroy(cfg);
+  fuse_session_unmount(se);
+  fuse_remove_signal_handlers(se);
+  fuse_session_destroy(se);
+  spdlog::info("unmounted {}; committing open files", args.mountpoint);
+  fs->reset();  // commits everything close() accepted
+  store->reset();
+  spdlog::info("store {} closed", args.store);
+  return rc == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int RunMount(const MountArgs& args) {
+  if (args.foreground) return Serve(args, ReadyPipe(-1));
+  int fds[2];
+  if (::pipe(fds) != 0) {
+    std::perror("ckptfs: pipe");
+    return 1;
+  }
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    std::perror("ckptfs: fork");
+    return 1;
+  }
+  if (pid == 0) {
+    ::close(fds[0]);
+    ::setsid();
+    ::_exit(Serve(args, ReadyPipe(fds[1])));
+  }
+  ::close(fds[1]);
+  std::string msg;
+  char buf[512];
+  ssize_t n;
+  while ((n = ::read(fds[0], buf, sizeof(buf))) > 0) msg.append(buf, static_cast<size_t>(n));
+  ::close(fds[0]);
+  if (msg == "ok") return 0;
+  std::fprintf(stderr, "ckptfs: mount failed: %s\n",
+               msg.empty() ? "the daemon exited before mounting" : msg.c_str());
+  return 1;
+}
+
+}  // namespace ckptfs

@@ -1,0 +1,34 @@
+// fs/mount.h
+//
+// `ckptfs mount`: opens (or creates) a store, mounts it with FUSE and serves requests until the
+// filesystem is unmounted (fusermount3 -u, `ckptfs umount`, SIGTERM/SIGINT). On the way out
+// every file that close() accepted is committed before the process exits.
+//
+// Without `foreground` the command forks a daemon and returns once the mount is ready (or
+// with the daemon's error); the daemon logs to STORE/ckptfs.log.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "engine/codec/codec.h"
+
+namespace ckptfs {
+
+struct MountArgs {
+  std::string store;
+  std::string mountpoint;
+  bool foreground = false;
+  size_t cache_bytes = 256u << 20;
+  size_t inflight_bytes = 256u << 20;
+  CodecSpec codec;
+  std::chrono::milliseconds seal_after{std::chrono::seconds(10)};
+  std::vector<std::string> fuse_options;  // each as given to -o
+};
+
+// Returns the process exit status.
+int RunMount(const MountArgs& args);
+
+}  // namespace ckptfs
