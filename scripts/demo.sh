@@ -1,22 +1,46 @@
 #!/usr/bin/env bash
-# The main job, until the filesystem lands: set up, save a real torch checkpoint twice (a second
-# training step's state), store both with the CLI, read them back bitwise, show what it cost.
+# The main job: set up, mount a store in a temp dir, save a real torch checkpoint into it in
+# DeepSpeed's layout for two training steps (two versions), list them, load one back and compare
+# bitwise, unmount, and show what the store keeps compared with the logical bytes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+ckptfs="$PWD/build/ckptfs"
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-ckptfs=build/ckptfs
-/usr/bin/python3 scripts/gen_torch_sample.py "$work/step1.pt" --hidden 1024 --seed 1
-/usr/bin/python3 scripts/gen_torch_sample.py "$work/step2.pt" --hidden 1024 --seed 1
-cp "$work/step2.pt" "$work/step2-resave.pt"
-for f in step1 step2-resave; do
-  "$ckptfs" put "$work/store" "global_step/$f.pt" < "$work/$f.pt"
-done
-for f in step1 step2-resave; do
-  "$ckptfs" get "$work/store" "global_step/$f.pt" | cmp - "$work/$f.pt"
-  echo "read back global_step/$f.pt: bitwise equal"
-done
-"$ckptfs" ls "$work/store"
-"$ckptfs" verify "$work/store"
+mnt="$work/mnt"
+mkdir -p "$mnt"
+cleanup() {
+  if mountpoint -q "$mnt"; then "$ckptfs" umount "$mnt" || fusermount3 -u -z "$mnt"; fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+"$ckptfs" mount "$work/store" "$mnt"
+echo "mounted $work/store at $mnt"
+/usr/bin/python3 - "$mnt" <<'PY'
+import os, sys, torch
+mnt = sys.argv[1]
+torch.manual_seed(0)
+model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(8)])
+opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+for step in (1, 2):
+    x = torch.randn(16, 1024)
+    loss = model(x).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    d = os.path.join(mnt, f"global_step{step}")
+    os.makedirs(d, exist_ok=True)
+    torch.save({"module": model.state_dict()}, os.path.join(d, "mp_rank_00_model_states.pt"))
+    torch.save({"optimizer": opt.state_dict()},
+               os.path.join(d, "zero_pp_rank_0_mp_rank_00_optim_states.pt"))
+    with open(os.path.join(mnt, "latest"), "w") as f:
+        f.write(f"global_step{step}")
+back = torch.load(os.path.join(mnt, "global_step2", "mp_rank_00_model_states.pt"))
+same = all(torch.equal(v, back["module"][k]) for k, v in model.state_dict().items())
+print("torch.load from the mount equals the model:", same)
+sys.exit(0 if same else 1)
+PY
+ls -l "$mnt" "$mnt"/global_step*
+"$ckptfs" umount "$mnt"
+echo "unmounted; the store now holds:"
 "$ckptfs" stats "$work/store"
+"$ckptfs" verify "$work/store"
