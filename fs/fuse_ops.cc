@@ -144,9 +144,11 @@ void OnRename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t ne
   fuse_reply_err(req, Fs(req).Rename(parent, name, newparent, newname, flags).ToErrno());
 }
 
-void SetOpenFlags(FileSystem& fs, fuse_ino_t ino, fuse_file_info* fi, uint64_t fh) {
+// Every change to a file's bytes comes through this mount, so the kernel's page cache is
+// never stale: keep it across opens for all files (sealed ones in particular). docs/fs.md.
+void SetOpenFlags(FileSystem&, fuse_ino_t, fuse_file_info* fi, uint64_t fh) {
   fi->fh = fh;
-  fi->keep_cache = fs.IsImmutable(ino) ? 1 : 0;
+  fi->keep_cache = 1;
 }
 
 void OnCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,

@@ -434,7 +434,16 @@ Result<size_t> FileSystem::Read(uint64_t fh, uint64_t offset, MutableBytes out) 
     return out.size();
   }
   (void)size;
-  return store_->Read(content, offset, out);
+  std::shared_ptr<ContentReader> reader;
+  {
+    std::lock_guard lock(h.read_ahead->mu);
+    if (!h.read_ahead->reader || h.read_ahead->reader->id() != content) {
+      h.read_ahead->reader =
+          std::make_shared<ContentReader>(store_, content, options_.readahead_bytes);
+    }
+    reader = h.read_ahead->reader;
+  }
+  return reader->Read(offset, out);
 }
 
 Status FileSystem::ToStagingLocked(OpenInode& f) {
@@ -826,15 +835,6 @@ Status FileSystem::Seal(Ino ino) {
   CKPTFS_RETURN_IF_ERROR(txn.Commit());
   spdlog::info("sealed version inode {}", ino);
   return Status::OK();
-}
-
-bool FileSystem::IsImmutable(Ino ino) {
-  auto txn = store_->catalog().BeginRead();
-  if (!txn.ok()) return false;
-  auto inode = GetInode(*txn, ino);
-  if (!inode.ok() || !*inode || !(*inode)->is_reg() || (*inode)->version == 0) return false;
-  auto version = GetInode(*txn, (*inode)->version);
-  return version.ok() && *version && (*version)->sealed();
 }
 
 void FileSystem::RunSealer() {

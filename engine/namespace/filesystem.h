@@ -43,12 +43,15 @@
 #include <vector>
 
 #include "engine/namespace/inode.h"
+#include "engine/store/content_reader.h"
 #include "engine/store/content_writer.h"
 #include "engine/store/store.h"
 
 namespace ckptfs {
 
 struct FileSystemOptions {
+  // Bytes loaded ahead of a sequential reader.
+  uint64_t readahead_bytes = 8 << 20;
   // Seal a version once a newer version exists and none of its files has been open for this
   // long. Zero disables automatic sealing.
   std::chrono::milliseconds seal_after{std::chrono::seconds(10)};
@@ -125,16 +128,20 @@ class FileSystem {
   Status Sync();
   // Seals the version `ino` (a top-level directory), committing its open files first.
   Status Seal(Ino ino);
-  // True for regular files of sealed versions: their pages may stay cached across opens.
-  bool IsImmutable(Ino ino);
 
   Store* store() { return store_; }
 
  private:
   struct OpenInode;
+  // Per-handle read state: the reader (with its prefetch window) of the committed content.
+  struct ReadAhead {
+    std::mutex mu;
+    std::shared_ptr<ContentReader> reader;  // GUARDED_BY(mu)
+  };
   struct Handle {
     std::shared_ptr<OpenInode> file;
     int flags = 0;
+    std::shared_ptr<ReadAhead> read_ahead = std::make_shared<ReadAhead>();
   };
   struct CommitRequest {
     std::shared_ptr<OpenInode> file;  // null: a barrier

@@ -337,6 +337,29 @@ Result<size_t> Store::Read(ContentId id, uint64_t offset, MutableBytes out) cons
   return done;
 }
 
+void Store::Prefetch(ContentId id, uint64_t offset, uint64_t length) const {
+  std::vector<std::pair<ChunkId, ChunkRow>> todo;
+  {
+    std::shared_lock gc(gc_mu_);
+    auto txn = catalog_->BeginRead();
+    if (!txn.ok()) return;
+    (void)txn->ForEachChunkRef(id, offset, [&](const ChunkRef& ref) {
+      if (ref.offset >= offset + length) return false;
+      if (cache_.Lookup(ref.id) == nullptr) {
+        auto row = txn->GetChunk(ref.id);
+        if (row.ok() && *row) todo.emplace_back(ref.id, **row);
+      }
+      return true;
+    });
+  }
+  for (const auto& [chunk, row] : todo) {
+    pool_->Submit([this, chunk, row] {
+      std::shared_lock gc(gc_mu_);  // the row's location is valid while gc cannot move it
+      (void)LoadChunk(chunk, row);  // errors surface when the data is really read
+    });
+  }
+}
+
 Result<std::shared_ptr<FileDescriptor>> Store::PackFd(uint32_t pack_id) const {
   std::lock_guard lock(fd_mu_);
   auto it = read_fds_.find(pack_id);

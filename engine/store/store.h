@@ -113,6 +113,8 @@ class Store {
   Result<ContentRow> StatContent(ContentId id) const;
   // Reads up to out.size() bytes at offset; returns the count (short only at the end).
   Result<size_t> Read(ContentId id, uint64_t offset, MutableBytes out) const;
+  // Loads the chunks of [offset, offset + length) into the cache in the background.
+  void Prefetch(ContentId id, uint64_t offset, uint64_t length) const;
   // Drops a content and its chunk references; unreferenced chunks go at the next Gc().
   Status Release(ContentId id);
   // The same inside a caller's transaction (the FUSE layer swaps contents atomically).
