@@ -29,9 +29,9 @@ class FastCdc {
  public:
   // Defaults chosen by measurement on multi-GB checkpoints; see docs/engine.md.
   struct Params {
-    size_t min_size = 256 << 10;
-    size_t avg_size = 1 << 20;  // a power of two
-    size_t max_size = 4 << 20;
+    size_t min_size = 64 << 10;
+    size_t avg_size = 256 << 10;  // a power of two
+    size_t max_size = 1 << 20;
   };
   // Returns InvalidArgument unless 64 <= min < avg < max and avg is a power of two.
   static Status Validate(const Params& params);

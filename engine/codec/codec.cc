@@ -76,10 +76,8 @@ ZSTD_DCtx* ThreadDCtx() {
 
 }  // namespace
 
-Codec Compress(const CodecSpec& spec, Bytes raw, Buffer* out) {
-  if (spec.codec == Codec::kNone || raw.empty() || raw.size() > INT_MAX / 2) {
-    return StoreRaw(raw, out);
-  }
+bool TryCompress(const CodecSpec& spec, Bytes raw, Buffer* out) {
+  if (spec.codec == Codec::kNone || raw.empty() || raw.size() > INT_MAX / 2) return false;
   const char* src = reinterpret_cast<const char*>(raw.data());
   size_t n = 0;
   if (spec.codec == Codec::kLz4) {
@@ -93,9 +91,14 @@ Codec Compress(const CodecSpec& spec, Bytes raw, Buffer* out) {
                                    spec.level > 0 ? spec.level : ZSTD_CLEVEL_DEFAULT);
     n = ZSTD_isError(got) ? 0 : got;
   }
-  if (n == 0 || n >= raw.size()) return StoreRaw(raw, out);
+  if (n == 0 || n >= raw.size()) return false;
   out->Resize(n);
-  return spec.codec;
+  return true;
+}
+
+Codec Compress(const CodecSpec& spec, Bytes raw, Buffer* out) {
+  if (TryCompress(spec, raw, out)) return spec.codec;
+  return StoreRaw(raw, out);
 }
 
 Status Decompress(Codec codec, Bytes stored, MutableBytes out) {

@@ -36,6 +36,9 @@ struct CodecSpec {
 
 // Compresses `raw` into `out` (resized to the stored length) and returns the codec used.
 Codec Compress(const CodecSpec& spec, Bytes raw, Buffer* out);
+// The same without the copy: returns false, leaving `out` unspecified, when compression does
+// not shrink `raw` (the caller then stores raw itself, as Codec::kNone).
+bool TryCompress(const CodecSpec& spec, Bytes raw, Buffer* out);
 
 // Decodes `stored` (written by `codec`) into out, which must hold exactly raw_size bytes.
 Status Decompress(Codec codec, Bytes stored, MutableBytes out);

@@ -345,17 +345,28 @@ Status FileSystem::Rename(Ino parent, std::string_view name, Ino new_parent,
 
 // ---- Open files -----------------------------------------------------------------------------
 
-Result<std::shared_ptr<FileSystem::OpenInode>> FileSystem::OpenInodeFor(const Inode& inode) {
+Result<std::shared_ptr<FileSystem::OpenInode>> FileSystem::OpenInodeFor(Ino ino) {
   std::lock_guard lock(open_mu_);
-  auto& slot = open_files_[inode.ino];
-  if (!slot) slot = std::make_shared<OpenInode>(inode);
-  version_activity_[inode.version] = std::chrono::steady_clock::now();
-  return slot;
+  auto it = open_files_.find(ino);
+  if (it == open_files_.end()) {
+    // Read the inode under open_mu_: a commit that finished before the committer forgot the
+    // previous open state of this file is visible, so the new state starts from its bytes.
+    Inode inode;
+    {
+      CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginRead());
+      CKPTFS_ASSIGN_OR_RETURN(inode, MustGet(txn, ino));
+    }
+    it = open_files_.emplace(ino, std::make_shared<OpenInode>(inode)).first;
+  }
+  // Counted here, under the same lock: the committer forgets an open file without handles.
+  ++it->second->handles;
+  version_activity_[it->second->version] = std::chrono::steady_clock::now();
+  return it->second;
 }
 
+// REQUIRES: OpenInodeFor() counted the handle.
 Result<uint64_t> FileSystem::AddHandle(std::shared_ptr<OpenInode> file, int flags) {
   std::lock_guard lock(open_mu_);
-  ++file->handles;
   uint64_t fh = next_handle_++;
   handles_[fh] = Handle{std::move(file), flags};
   return fh;
@@ -378,7 +389,7 @@ Result<uint64_t> FileSystem::Open(Ino ino, int flags) {
     bool writing = (flags & O_ACCMODE) != O_RDONLY || (flags & O_TRUNC);
     if (writing) CKPTFS_RETURN_IF_ERROR(CheckWritable(txn, inode));
   }
-  CKPTFS_ASSIGN_OR_RETURN(auto file, OpenInodeFor(inode));
+  CKPTFS_ASSIGN_OR_RETURN(auto file, OpenInodeFor(ino));
   if (flags & O_TRUNC) {
     std::lock_guard lock(file->mu);
     file->writer.reset();
@@ -509,14 +520,15 @@ Status FileSystem::CommitLocked(OpenInode& f) {
   if (!f.dirty) return f.error;
   CKPTFS_RETURN_IF_ERROR(f.error);
   const uint64_t size = f.size;
-  const int64_t mtime = f.mtime_view.load();
   auto bind = [&](Catalog::WriteTxn& txn, ContentId id) -> Status {
     CKPTFS_ASSIGN_OR_RETURN(std::optional<Inode> inode, GetInode(txn, f.ino));
     if (!inode) return id != 0 ? store_->ReleaseInTxn(txn, id) : Status::OK();
     ContentId old = inode->content;
     inode->content = id;
     inode->size = size;
-    inode->mtime_ns = mtime;
+    // Read inside the transaction: a utime() since the commit began (SetAttr updates the
+    // view before its own transaction commits) must not be undone.
+    inode->mtime_ns = f.mtime_view.load();
     inode->ctime_ns = NowNs();
     CKPTFS_RETURN_IF_ERROR(PutInode(txn, *inode));
     if (old != 0 && old != id) CKPTFS_RETURN_IF_ERROR(store_->ReleaseInTxn(txn, old));
@@ -724,12 +736,12 @@ Result<Inode> FileSystem::SetAttr(Ino ino, const SetAttrRequest& req) {
     if (req.mtime_ns) inode.mtime_ns = *req.mtime_ns;
     inode.ctime_ns = NowNs();
     CKPTFS_RETURN_IF_ERROR(PutInode(txn, inode));
-    CKPTFS_RETURN_IF_ERROR(txn.Commit());
-    if (req.mtime_ns) {
+    if (req.mtime_ns) {  // before Commit: a concurrent commit of the file binds this mtime
       std::lock_guard lock(open_mu_);
       auto it = open_files_.find(ino);
       if (it != open_files_.end()) it->second->mtime_view = *req.mtime_ns;
     }
+    CKPTFS_RETURN_IF_ERROR(txn.Commit());
   }
   return GetAttr(ino);
 }

@@ -158,7 +158,8 @@ class FileSystem {
   // Removes a name; drops the inode unless it is open.
   Status RemoveEntry(Catalog::WriteTxn& txn, Ino parent, std::string_view name, const Inode& child);
   Status DropInode(Catalog::WriteTxn& txn, const Inode& inode);
-  Result<std::shared_ptr<OpenInode>> OpenInodeFor(const Inode& inode);
+  // The open state of `ino` (made from the catalog if there is none), with one more handle.
+  Result<std::shared_ptr<OpenInode>> OpenInodeFor(Ino ino);
   Result<uint64_t> AddHandle(std::shared_ptr<OpenInode> file, int flags);
   Result<Handle> GetHandle(uint64_t fh);
   // Commits the file's bytes written so far. REQUIRES: file->mu held.

@@ -32,7 +32,7 @@ Status ContentWriter::Append(Bytes data) {
       n = std::min(data.size(), max_size - current_.size());
       cut = current_.size() + n == max_size;
     }
-    if (current_.capacity() == 0) current_.Reserve(std::min(max_size, size_t{1} << 20));
+    if (current_.capacity() == 0) current_.Reserve(max_size);
     current_.Append(data.first(n));
     size_ += n;
     data = data.subspan(n);
@@ -65,8 +65,7 @@ void ContentWriter::Submit() {
   auto owned = std::make_shared<Buffer>(std::move(chunk));
   store_->pool_->Submit([this, slot, bytes, owned] {
     ChunkId id = ChunkId::Of(owned->bytes());
-    Result<ChunkRow> row = store_->PutChunk(id, owned->bytes());
-    *owned = Buffer();
+    Result<ChunkRow> row = store_->PutChunk(id, std::move(*owned));
     store_->inflight_.Release(bytes);
     std::lock_guard lock(mu_);
     slot->ref.id = id;

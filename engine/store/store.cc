@@ -84,6 +84,10 @@ std::filesystem::path Store::PackPath(uint32_t pack_id) const {
 Result<std::unique_ptr<Store>> Store::Open(const std::filesystem::path& dir,
                                            const StoreOptions& options) {
   CKPTFS_RETURN_IF_ERROR(FastCdc::Validate(options.chunking));
+  if (options.chunking.max_size > kMaxRecordRawBytes) {
+    return Status::InvalidArgument("the maximum chunk size is " +
+                                   std::to_string(kMaxRecordRawBytes >> 20) + " MiB");
+  }
   std::error_code ec;
   bool exists = std::filesystem::exists(dir / kConfigFile, ec);
   if (!exists && !options.create_if_missing) {
@@ -177,7 +181,7 @@ Result<std::unique_ptr<ContentWriter>> Store::NewAppender(ContentId base) {
   return std::unique_ptr<ContentWriter>(new ContentWriter(this, base, row.size));
 }
 
-Result<ChunkRow> Store::PutChunk(const ChunkId& id, Bytes raw) {
+Result<ChunkRow> Store::PutChunk(const ChunkId& id, Buffer raw) {
   {
     std::shared_lock gc(gc_mu_);
     {
@@ -199,8 +203,13 @@ Result<ChunkRow> Store::PutChunk(const ChunkId& id, Bytes raw) {
   }
   Buffer stored;
   RecordHeader header;
-  header.codec = Compress(options_.codec, raw, &stored);
   header.raw_len = static_cast<uint32_t>(raw.size());
+  if (TryCompress(options_.codec, raw.bytes(), &stored)) {
+    header.codec = options_.codec.codec;
+  } else {
+    header.codec = Codec::kNone;
+    stored = std::move(raw);  // stored as it is: no copy
+  }
   header.stored_len = static_cast<uint32_t>(stored.size());
   header.id = id;
   header.payload_checksum = Checksum64(stored.bytes());
@@ -396,6 +405,27 @@ Result<Buffer> Store::ReadRecord(const ChunkId& id, const ChunkRow& row) const {
 Result<std::shared_ptr<const Buffer>> Store::LoadChunk(const ChunkId& id,
                                                        const ChunkRow& row) const {
   if (auto hit = cache_.Lookup(id)) return hit;
+  std::promise<LoadResult> promise;
+  std::shared_future<LoadResult> pending;
+  {
+    std::lock_guard lock(loading_mu_);
+    auto it = loading_.find(id);
+    if (it != loading_.end()) {
+      pending = it->second;
+    } else {
+      loading_.emplace(id, promise.get_future().share());
+    }
+  }
+  if (pending.valid()) return pending.get();
+  LoadResult result = DecodeChunk(id, row);  // inserts into the cache on success
+  promise.set_value(result);
+  std::lock_guard lock(loading_mu_);
+  loading_.erase(id);
+  return result;
+}
+
+Result<std::shared_ptr<const Buffer>> Store::DecodeChunk(const ChunkId& id,
+                                                         const ChunkRow& row) const {
   CKPTFS_ASSIGN_OR_RETURN(Buffer record, ReadRecord(id, row));
   Buffer raw(row.raw_len);
   Status s = Decompress(row.codec, record.bytes().subspan(kRecordHeaderBytes), raw.mutable_bytes());

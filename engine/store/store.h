@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
@@ -148,14 +149,16 @@ class Store {
   Store(std::filesystem::path dir, const StoreOptions& options);
   Status Recover();
   // Stores `raw` (unless present) and pins its row until Unpin; returns the row to reference.
-  Result<ChunkRow> PutChunk(const ChunkId& id, Bytes raw);
+  Result<ChunkRow> PutChunk(const ChunkId& id, Buffer raw);
   void Unpin(const ChunkId& id);
   // Durably commits a content made of `refs` (rows as PutChunk returned them).
   Result<ContentId> CommitContent(std::optional<ContentId> base,
                                   const std::vector<std::pair<ChunkRef, ChunkRow>>& refs,
                                   uint64_t size,
                                   const std::function<Status(Catalog::WriteTxn&, ContentId)>& hook);
+  // The decoded chunk, from the cache or the pack (once, however many ask at the same time).
   Result<std::shared_ptr<const Buffer>> LoadChunk(const ChunkId& id, const ChunkRow& row) const;
+  Result<std::shared_ptr<const Buffer>> DecodeChunk(const ChunkId& id, const ChunkRow& row) const;
   // Reads a record, checks header and payload checksums against `row`; returns header+payload.
   Result<Buffer> ReadRecord(const ChunkId& id, const ChunkRow& row) const;
   Result<std::shared_ptr<FileDescriptor>> PackFd(uint32_t pack_id) const;
@@ -179,6 +182,10 @@ class Store {
   mutable std::shared_mutex gc_mu_;  // shared: location lookups + reads; exclusive: gc moves
   std::mutex mu_;
   std::unordered_map<ChunkId, Pinned> pinned_;  // GUARDED_BY(mu_)
+  // Chunks being decoded: a second reader (or the prefetcher) waits for the first.
+  using LoadResult = Result<std::shared_ptr<const Buffer>>;
+  mutable std::mutex loading_mu_;
+  mutable std::unordered_map<ChunkId, std::shared_future<LoadResult>> loading_;  // GUARDED_BY(loading_mu_)
   mutable std::mutex fd_mu_;
   mutable std::unordered_map<uint32_t, std::shared_ptr<FileDescriptor>>
       read_fds_;  // GUARDED_BY(fd_mu_)
