@@ -11,6 +11,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 
 #include "engine/store/content_writer.h"
@@ -116,7 +117,20 @@ int Verify(const std::string& dir) {
   return report->ok() ? 0 : 1;
 }
 
+// True when `path` is inside a mounted ckptfs (the daemon answers its control attributes).
+bool IsMounted(const std::string& path) {
+  char buf[32];
+  return ::getxattr(path.c_str(), "user.ckptfs.pid", buf, sizeof(buf)) > 0;
+}
+
 int Gc(const std::string& dir, double rewrite_below) {
+  if (IsMounted(dir)) {  // a mounted store: the daemon runs gc
+    if (::setxattr(dir.c_str(), "user.ckptfs.gc", "1", 1, 0) != 0) {
+      return Fail(Status::FromErrno(errno, "gc through the mount " + dir));
+    }
+    std::printf("gc: done by the daemon serving %s\n", dir.c_str());
+    return 0;
+  }
   auto store = OpenExisting(dir);
   if (!store.ok()) return Fail(store.status());
   GcOptions options;
@@ -136,6 +150,13 @@ int Gc(const std::string& dir, double rewrite_below) {
 }
 
 int Stats(const std::string& dir) {
+  if (IsMounted(dir)) {
+    char buf[512];
+    ssize_t n = ::getxattr(dir.c_str(), "user.ckptfs.stats", buf, sizeof(buf));
+    if (n < 0) return Fail(Status::FromErrno(errno, "stats through the mount " + dir));
+    std::fwrite(buf, 1, static_cast<size_t>(n), stdout);
+    return 0;
+  }
   auto store = OpenExisting(dir);
   if (!store.ok()) return Fail(store.status());
   auto st = (*store)->Stats();
@@ -189,6 +210,17 @@ int Seal(const std::string& version) {
   return s.ok() ? 0 : Fail(s);
 }
 
+// True while `pid` runs. A zombie has finished: the daemon is reparented to init, which may
+// reap it late (or, in some containers, never).
+bool Running(pid_t pid) {
+  if (::kill(pid, 0) != 0) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return true;
+  size_t paren = line.rfind(')');
+  return paren == std::string::npos || paren + 2 >= line.size() || line[paren + 2] != 'Z';
+}
+
 // Makes everything durable, unmounts, and waits for the daemon to finish.
 int Umount(const std::string& mountpoint) {
   char pid_buf[32] = {0};
@@ -209,7 +241,7 @@ int Umount(const std::string& mountpoint) {
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     return Fail(Status::Busy("fusermount3 -u " + mountpoint + " failed (files still open?)"));
   }
-  for (int i = 0; ::kill(pid, 0) == 0; ++i) {
+  for (int i = 0; Running(pid); ++i) {
     if (i == 100) std::fprintf(stderr, "ckptfs: waiting for the daemon (pid %d) to finish\n", pid);
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
@@ -246,13 +278,13 @@ int main(int argc, char** argv) {
   auto* verify =
       app.add_subcommand("verify", "check every record and reference; exit 1 on any problem");
   verify->add_option("STORE", store)->required();
-  auto* gc = app.add_subcommand("gc", "free unreferenced chunks and compact packs");
+  auto* gc = app.add_subcommand("gc", "free unreferenced chunks and compact packs (STORE or a mount)");
   gc->add_option("STORE", store)->required();
   gc->add_option("--rewrite-below", rewrite_below,
                  "rewrite packs whose live fraction is below this")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
-  auto* stats = app.add_subcommand("stats", "logical vs stored bytes");
+  auto* stats = app.add_subcommand("stats", "logical vs stored bytes (STORE or a mount)");
   stats->add_option("STORE", store)->required();
 
   ckptfs::MountArgs margs;

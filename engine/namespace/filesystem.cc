@@ -749,6 +749,10 @@ Result<Inode> FileSystem::SetAttr(Ino ino, const SetAttrRequest& req) {
 Status FileSystem::SetXattr(Ino ino, std::string_view name, std::string_view value, int flags) {
   if (name == "user.ckptfs.seal") return Seal(ino);
   if (name == "user.ckptfs.sync") return Sync();
+  if (name == "user.ckptfs.gc") {
+    CKPTFS_RETURN_IF_ERROR(Sync());
+    return store_->Gc().status();
+  }
   if (name.substr(0, 5) != "user.") return Status::NotSupported("only user.* attributes");
   if (value.size() > 64 * 1024) return Errno(E2BIG, "xattr value");
   CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginWrite());
@@ -764,6 +768,11 @@ Status FileSystem::SetXattr(Ino ino, std::string_view name, std::string_view val
 Result<std::string> FileSystem::GetXattr(Ino ino, std::string_view name) {
   CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginRead());
   if (name == "user.ckptfs.pid") return std::to_string(::getpid());
+  if (name == "user.ckptfs.stats") {
+    CKPTFS_ASSIGN_OR_RETURN(StoreStats st, store_->Stats());
+    return "logical_bytes " + std::to_string(st.logical_bytes) + "\npack_bytes " +
+           std::to_string(st.pack_bytes) + "\nchunks " + std::to_string(st.chunks) + "\n";
+  }
   if (name == "user.ckptfs.sealed") {
     CKPTFS_ASSIGN_OR_RETURN(Inode inode, MustGet(txn, ino));
     if (inode.version == 0) return Errno(ENODATA, "not in a version");
