@@ -10,6 +10,7 @@
 namespace ckptfs {
 namespace {
 constexpr unsigned kRingDepth = 64;
+constexpr uint64_t kWritebackBytes = 8 << 20;
 }
 
 struct PackWriter::InflightWrite {
@@ -18,6 +19,7 @@ struct PackWriter::InflightWrite {
   std::shared_ptr<FileDescriptor> fd;
   std::byte header[kRecordHeaderBytes];
   Buffer payload;
+  bool writeback_only = false;  // a sync_file_range request, not a record
   iovec iov[2];
   size_t total() const { return kRecordHeaderBytes + payload.size(); }
 };
@@ -148,19 +150,21 @@ void PackWriter::Reap(bool wait_one) {
     cqe = nullptr;
     --inflight_;
     std::unique_ptr<InflightWrite> owned(write);
+    if (write->writeback_only) continue;  // a hint: its result does not matter
     if (res >= 0 && static_cast<size_t>(res) < write->total()) {
       // Short write: finish it synchronously.
       size_t done = static_cast<size_t>(res);
-      Buffer rest(write->total() - done);
-      std::byte whole_header[kRecordHeaderBytes];
-      std::memcpy(whole_header, write->header, kRecordHeaderBytes);
-      size_t hdr_left = done < kRecordHeaderBytes ? kRecordHeaderBytes - done : 0;
-      std::memcpy(rest.data(), whole_header + (kRecordHeaderBytes - hdr_left), hdr_left);
-      std::memcpy(rest.data() + hdr_left,
-                  write->payload.data() + (done - (kRecordHeaderBytes - hdr_left)),
-                  rest.size() - hdr_left);
-      Status s = PWriteFull(write->fd->get(), write->offset + done, rest.bytes(),
-                            State(write->pack_id).path);
+      const auto& path = State(write->pack_id).path;
+      Status s;
+      if (done < kRecordHeaderBytes) {
+        s = PWriteFull(write->fd->get(), write->offset + done,
+                       {write->header + done, kRecordHeaderBytes - done}, path);
+        done = kRecordHeaderBytes;
+      }
+      if (s.ok()) {
+        s = PWriteFull(write->fd->get(), write->offset + done,
+                       write->payload.bytes().subspan(done - kRecordHeaderBytes), path);
+      }
       res = s.ok() ? static_cast<int>(write->total()) : -s.ToErrno();
     }
     if (res < 0) {
@@ -171,13 +175,40 @@ void PackWriter::Reap(bool wait_one) {
 }
 
 void PackWriter::Complete(InflightWrite* write, int result) {
-  if (result >= 0) return;
   PackState& st = State(write->pack_id);
+  if (result >= 0) {
+    if (st.fd == write->fd) StartWriteback(st, write->offset + write->total());
+    return;
+  }
   if (write->offset < st.failed_at) {
     st.failed_at = write->offset;
     spdlog::error("pack {} write at offset {} failed: {}; later records go to a new pack",
                   st.path.string(), write->offset, std::strerror(-result));
   }
+}
+
+void PackWriter::StartWriteback(PackState& st, uint64_t end) {
+  if (end < st.writeback_from + kWritebackBytes) return;
+  const uint64_t from = st.writeback_from;
+  st.writeback_from = end;
+  if (uring_ok_) {
+    if (inflight_ >= kRingDepth) return;  // a hint only: never overfill the ring
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+    if (sqe == nullptr) return;
+    auto hint = std::make_unique<InflightWrite>();
+    hint->writeback_only = true;
+    hint->fd = st.fd;
+    io_uring_prep_sync_file_range(sqe, st.fd->get(), static_cast<unsigned>(end - from), from,
+                                  SYNC_FILE_RANGE_WRITE);
+    io_uring_sqe_set_data(sqe, hint.get());
+    if (io_uring_submit(&ring_) >= 1) {
+      hint.release();
+      ++inflight_;
+    }
+    return;
+  }
+  (void)::sync_file_range(st.fd->get(), static_cast<off_t>(from), static_cast<off_t>(end - from),
+                          SYNC_FILE_RANGE_WRITE);
 }
 
 Status PackWriter::WaitAllInflight() {

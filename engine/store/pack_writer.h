@@ -81,6 +81,7 @@ class PackWriter {
     uint64_t length = 0;              // bytes appended (including the header)
     uint64_t synced = 0;              // bytes known durable
     uint64_t failed_at = UINT64_MAX;  // first byte of the first failed write
+    uint64_t writeback_from = 0;      // writeback has been started for bytes before this
   };
   struct InflightWrite;
 
@@ -92,6 +93,9 @@ class PackWriter {
   // Waits for completions: at least one when `wait_one`, else only those already done.
   void Reap(bool wait_one);
   void Complete(InflightWrite* write, int result);
+  // Starts writeback of the pack's written bytes once enough have gathered, so that the next
+  // Sync() finds little dirty data (sync_file_range; asynchronous on the ring).
+  void StartWriteback(PackState& st, uint64_t end);
   Status WaitAllInflight();
   PackState& State(uint32_t id) { return packs_[id]; }
 
