@@ -4,6 +4,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
@@ -72,10 +73,21 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
     return 1;
   }
   if (!args.foreground) {
-    auto log = spdlog::basic_logger_mt("ckptfs-daemon", args.store + "/ckptfs.log");
-    log->flush_on(spdlog::level::info);
-    spdlog::set_default_logger(log);
-    spdlog::set_level(spdlog::level::info);
+    try {
+      auto log = spdlog::basic_logger_mt("ckptfs-daemon", args.store + "/ckptfs.log");
+      log->flush_on(spdlog::level::info);
+      spdlog::set_default_logger(log);
+      spdlog::set_level(spdlog::level::info);
+    } catch (const spdlog::spdlog_ex& e) {
+      ready.Report(std::string("cannot open the log in the store: ") + e.what());
+      return 1;
+    }
+  }
+  // One descriptor per pack file read: allow as many as the system lets us.
+  rlimit files;
+  if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    (void)::setrlimit(RLIMIT_NOFILE, &files);
   }
   FileSystemOptions fs_options;
   fs_options.seal_after = args.seal_after;

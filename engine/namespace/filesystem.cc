@@ -72,6 +72,12 @@ Result<std::unique_ptr<FileSystem>> FileSystem::Open(Store* store,
 }
 
 FileSystem::~FileSystem() {
+  {  // the sealer first: it may be waiting on the committer
+    std::lock_guard lock(queue_mu_);
+    sealer_stopping_ = true;
+  }
+  queue_cv_.notify_all();
+  if (sealer_.joinable()) sealer_.join();
   if (committer_.joinable()) {
     Status s = Sync();
     if (!s.ok()) spdlog::error("committing open files at shutdown failed: {}", s.ToString());
@@ -82,7 +88,6 @@ FileSystem::~FileSystem() {
   }
   queue_cv_.notify_all();
   if (committer_.joinable()) committer_.join();
-  if (sealer_.joinable()) sealer_.join();
 }
 
 Status FileSystem::Init() {
@@ -360,6 +365,7 @@ Result<std::shared_ptr<FileSystem::OpenInode>> FileSystem::OpenInodeFor(Ino ino)
   }
   // Counted here, under the same lock: the committer forgets an open file without handles.
   ++it->second->handles;
+  if (sealing_.count(it->second->version) != 0) it->second->sealed = true;
   version_activity_[it->second->version] = std::chrono::steady_clock::now();
   return it->second;
 }
@@ -390,6 +396,12 @@ Result<uint64_t> FileSystem::Open(Ino ino, int flags) {
     if (writing) CKPTFS_RETURN_IF_ERROR(CheckWritable(txn, inode));
   }
   CKPTFS_ASSIGN_OR_RETURN(auto file, OpenInodeFor(ino));
+  CKPTFS_ASSIGN_OR_RETURN(uint64_t fh, AddHandle(file, flags));
+  bool writing = (flags & O_ACCMODE) != O_RDONLY || (flags & O_TRUNC);
+  if (writing && file->sealed) {  // its version is being sealed right now
+    (void)Release(fh);
+    return Status::ReadOnly("version is being sealed");
+  }
   if (flags & O_TRUNC) {
     std::lock_guard lock(file->mu);
     file->writer.reset();
@@ -401,7 +413,7 @@ Result<uint64_t> FileSystem::Open(Ino ino, int flags) {
     file->mtime_view = NowNs();
     file->dirty = true;
   }
-  return AddHandle(std::move(file), flags);
+  return fh;
 }
 
 Result<std::pair<Inode, uint64_t>> FileSystem::Create(Ino parent, std::string_view name,
@@ -422,9 +434,13 @@ Result<std::pair<Inode, uint64_t>> FileSystem::Create(Ino parent, std::string_vi
 
 Result<size_t> FileSystem::Read(uint64_t fh, uint64_t offset, MutableBytes out) {
   CKPTFS_ASSIGN_OR_RETURN(Handle h, GetHandle(fh));
+  return ReadOnce(h, offset, out, 0);
+}
+
+Result<size_t> FileSystem::ReadOnce(const Handle& h, uint64_t offset, MutableBytes out,
+                                    int attempt) {
   OpenInode& f = *h.file;
   ContentId content;
-  uint64_t size;
   {
     std::lock_guard lock(f.mu);
     CKPTFS_RETURN_IF_ERROR(f.error);
@@ -437,14 +453,12 @@ Result<size_t> FileSystem::Read(uint64_t fh, uint64_t offset, MutableBytes out) 
     }
     if (f.writer) return f.writer->ReadBack(offset, out);
     content = f.base;
-    size = f.size;
   }
   // A clean file reads straight from the store, without holding the file's lock.
   if (content == 0) {
     std::memset(out.data(), 0, out.size());
     return out.size();
   }
-  (void)size;
   std::shared_ptr<ContentReader> reader;
   {
     std::lock_guard lock(h.read_ahead->mu);
@@ -454,7 +468,12 @@ Result<size_t> FileSystem::Read(uint64_t fh, uint64_t offset, MutableBytes out) 
     }
     reader = h.read_ahead->reader;
   }
-  return reader->Read(offset, out);
+  Result<size_t> n = reader->Read(offset, out);
+  if (!n.ok() && n.status().IsNotFound() && attempt == 0) {
+    // A commit replaced (and released) the content after we looked: read the new one.
+    return ReadOnce(h, offset, out, attempt + 1);
+  }
+  return n;
 }
 
 Status FileSystem::ToStagingLocked(OpenInode& f) {
@@ -487,8 +506,8 @@ Status FileSystem::ToStagingLocked(OpenInode& f) {
 Status FileSystem::Write(uint64_t fh, uint64_t offset, Bytes data) {
   CKPTFS_ASSIGN_OR_RETURN(Handle h, GetHandle(fh));
   OpenInode& f = *h.file;
+  std::lock_guard lock(f.mu);  // Seal() commits under this lock: check after taking it
   if (f.sealed) return Status::ReadOnly("version is sealed");
-  std::lock_guard lock(f.mu);
   CKPTFS_RETURN_IF_ERROR(f.error);
   if (h.flags & O_APPEND) offset = f.size;
   Status s;
@@ -550,12 +569,19 @@ Status FileSystem::CommitLocked(OpenInode& f) {
     }
     if (id.ok()) id = writer->Finish(bind);
     if (id.ok()) f.staging = FileDescriptor();
-  } else {
+  } else if (size == 0) {
     // Truncated to nothing: no content.
     CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginWrite());
     Status s = bind(txn, 0);
     if (s.ok()) s = txn.Commit();
     if (!s.ok()) id = s;
+  } else {
+    // Dirty without new bytes (only times changed): the content stays.
+    CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginWrite());
+    Status s = bind(txn, f.base);
+    if (s.ok()) s = txn.Commit();
+    if (!s.ok()) id = s;
+    if (s.ok()) id = f.base;
   }
   if (!id.ok()) {
     spdlog::error("committing inode {} failed: {}; it keeps its previous contents", f.ino,
@@ -608,6 +634,7 @@ Status FileSystem::Enqueue(CommitRequest request, bool wait) {
 }
 
 void FileSystem::RunCommitter() {
+  Status failed_since_barrier;  // reported to the next barrier (Sync, Seal, unmount)
   for (;;) {
     CommitRequest req;
     {
@@ -643,6 +670,11 @@ void FileSystem::RunCommitter() {
         }
       }
     }
+    if (!s.ok() && failed_since_barrier.ok()) failed_since_barrier = s;
+    if (!req.file) {
+      s = failed_since_barrier;
+      failed_since_barrier = Status::OK();
+    }
     if (req.done) req.done->set_value(s);
   }
 }
@@ -676,16 +708,13 @@ Result<uint64_t> FileSystem::OpenDir(Ino ino) {
 
 Status FileSystem::ReadDir(uint64_t dh, uint64_t offset,
                            const std::function<bool(const DirEntry&, uint64_t)>& fn) {
-  std::vector<DirEntry> entries;
-  {
-    std::lock_guard lock(open_mu_);
-    auto it = dir_handles_.find(dh);
-    if (it == dir_handles_.end()) return Errno(EBADF, "readdir");
-    if (offset >= it->second.size()) return Status::OK();
-    entries.assign(it->second.begin() + static_cast<ptrdiff_t>(offset), it->second.end());
-  }
-  for (size_t i = 0; i < entries.size(); ++i) {
-    if (!fn(entries[i], offset + i + 1)) break;
+  // fn only fills the reply buffer: it may run under the lock.
+  std::lock_guard lock(open_mu_);
+  auto it = dir_handles_.find(dh);
+  if (it == dir_handles_.end()) return Errno(EBADF, "readdir");
+  const std::vector<DirEntry>& entries = it->second;
+  for (uint64_t i = offset; i < entries.size(); ++i) {
+    if (!fn(entries[i], i + 1)) break;
   }
   return Status::OK();
 }
@@ -704,7 +733,10 @@ Result<Inode> FileSystem::SetAttr(Ino ino, const SetAttrRequest& req) {
       OpenInode& f = *h.file;
       std::lock_guard lock(f.mu);
       s = f.error;
-      if (s.ok() && *req.size == 0) {
+      const bool unchanged = *req.size == f.size;
+      if (s.ok() && unchanged) {
+        // Nothing to do: the file keeps its bytes (and stays clean if it was).
+      } else if (s.ok() && *req.size == 0) {
         f.writer.reset();
         f.staging = FileDescriptor();
         f.base = 0;
@@ -714,7 +746,7 @@ Result<Inode> FileSystem::SetAttr(Ino ino, const SetAttrRequest& req) {
           s = Errno(errno, "truncate staging file");
         }
       }
-      if (s.ok()) {
+      if (s.ok() && !unchanged) {
         f.size = *req.size;
         f.size_view = f.size;
         f.mtime_view = NowNs();
@@ -837,6 +869,7 @@ Status FileSystem::Seal(Ino ino) {
   std::vector<std::shared_ptr<OpenInode>> in_version;
   {
     std::lock_guard lock(open_mu_);
+    sealing_.insert(ino);  // files opened from now on are sealed too (OpenInodeFor)
     for (const auto& [i, file] : open_files_) {
       if (file->version == ino) {
         file->sealed = true;  // further writes fail with EROFS
@@ -844,18 +877,26 @@ Status FileSystem::Seal(Ino ino) {
       }
     }
   }
-  for (auto& file : in_version) {
+  Status s = CommitAndMarkSealed(ino, in_version);
+  std::lock_guard lock(open_mu_);
+  sealing_.erase(ino);
+  if (s.ok()) spdlog::info("sealed version inode {}", ino);
+  return s;
+}
+
+Status FileSystem::CommitAndMarkSealed(Ino ino,
+                                       const std::vector<std::shared_ptr<OpenInode>>& files) {
+  for (const auto& file : files) {
     CKPTFS_RETURN_IF_ERROR(Enqueue(CommitRequest{file, false, nullptr}, false));
   }
+  // The barrier reports any of those commits that failed: then the version stays unsealed.
   CKPTFS_RETURN_IF_ERROR(Enqueue(CommitRequest{nullptr, false, nullptr}, /*wait=*/true));
   CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginWrite());
   CKPTFS_ASSIGN_OR_RETURN(Inode inode, MustGet(txn, ino));
   inode.flags |= Inode::kSealed;
   inode.ctime_ns = NowNs();
   CKPTFS_RETURN_IF_ERROR(PutInode(txn, inode));
-  CKPTFS_RETURN_IF_ERROR(txn.Commit());
-  spdlog::info("sealed version inode {}", ino);
-  return Status::OK();
+  return txn.Commit();
 }
 
 void FileSystem::RunSealer() {
@@ -864,7 +905,7 @@ void FileSystem::RunSealer() {
   for (;;) {
     {
       std::unique_lock lock(queue_mu_);
-      if (queue_cv_.wait_for(lock, tick, [&] { return stopping_; })) return;
+      if (queue_cv_.wait_for(lock, tick, [&] { return sealer_stopping_; })) return;
     }
     std::vector<Inode> versions;
     {

@@ -37,6 +37,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -111,6 +112,7 @@ class FileSystem {
   // Directory listings are snapshots taken at OpenDir.
   Result<uint64_t> OpenDir(Ino ino);
   // Entries from position `offset` on (excluding . and ..); fn gets the next offset.
+  // fn must not call back into the FileSystem.
   Status ReadDir(uint64_t dh, uint64_t offset,
                  const std::function<bool(const DirEntry&, uint64_t next)>& fn);
   void ReleaseDir(uint64_t dh);
@@ -163,10 +165,12 @@ class FileSystem {
   Result<std::shared_ptr<OpenInode>> OpenInodeFor(Ino ino);
   Result<uint64_t> AddHandle(std::shared_ptr<OpenInode> file, int flags);
   Result<Handle> GetHandle(uint64_t fh);
+  Result<size_t> ReadOnce(const Handle& h, uint64_t offset, MutableBytes out, int attempt);
   // Commits the file's bytes written so far. REQUIRES: file->mu held.
   Status CommitLocked(OpenInode& file);
   Status ToStagingLocked(OpenInode& file);
   Status Enqueue(CommitRequest request, bool wait);
+  Status CommitAndMarkSealed(Ino ino, const std::vector<std::shared_ptr<OpenInode>>& files);
   void RunCommitter();
   void RunSealer();
 
@@ -180,12 +184,14 @@ class FileSystem {
   std::unordered_map<uint64_t, Handle> handles_;                   // GUARDED_BY(open_mu_)
   std::unordered_map<uint64_t, std::vector<DirEntry>> dir_handles_;  // GUARDED_BY(open_mu_)
   std::map<Ino, std::chrono::steady_clock::time_point> version_activity_;  // GUARDED_BY(open_mu_)
+  std::set<Ino> sealing_;  // GUARDED_BY(open_mu_): versions whose Seal() is in progress
   uint64_t next_handle_ = 1;                                        // GUARDED_BY(open_mu_)
 
   std::mutex queue_mu_;
   std::condition_variable queue_cv_;
   std::deque<CommitRequest> queue_;  // GUARDED_BY(queue_mu_)
   bool stopping_ = false;            // GUARDED_BY(queue_mu_)
+  bool sealer_stopping_ = false;     // GUARDED_BY(queue_mu_)
   std::thread committer_;
   std::thread sealer_;
 };

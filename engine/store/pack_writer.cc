@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <thread>
 
 namespace ckptfs {
 namespace {
@@ -85,7 +86,7 @@ Status PackWriter::StartPack(uint32_t id, std::optional<uint64_t> resume_length)
 
 Result<PackLocation> PackWriter::Append(const RecordHeader& header, Buffer payload) {
   std::lock_guard lock(mu_);
-  if (uring_ok_) Reap(false);
+  if (uring_ok_) CKPTFS_RETURN_IF_ERROR(Reap(false));
   PackState* st = active_ ? &State(active_) : nullptr;
   size_t total = kRecordHeaderBytes + payload.size();
   bool full = st && st->length + total > options_.target_bytes && st->length > kPackHeaderBytes;
@@ -108,24 +109,21 @@ Result<PackLocation> PackWriter::Append(const RecordHeader& header, Buffer paylo
 
 Status PackWriter::SubmitWrite(std::unique_ptr<InflightWrite> write) {
   if (uring_ok_) {
-    while (inflight_ >= kRingDepth) Reap(true);
+    while (inflight_ >= kRingDepth) CKPTFS_RETURN_IF_ERROR(Reap(true));
     io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
     if (sqe != nullptr) {
       write->iov[0] = {write->header, kRecordHeaderBytes};
       write->iov[1] = {write->payload.data(), write->payload.size()};
       io_uring_prep_writev(sqe, write->fd->get(), write->iov, write->payload.empty() ? 1 : 2,
                            write->offset);
-      io_uring_sqe_set_data(sqe, write.get());
-      int rc = io_uring_submit(&ring_);
-      if (rc >= 1) {
-        write.release();  // owned by the ring until Complete()
-        ++inflight_;
-        return Status::OK();
-      }
-      spdlog::warn("io_uring submit failed ({}); falling back to pwrite", std::strerror(-rc));
+      io_uring_sqe_set_data(sqe, write.release());  // owned by the ring until Reap()
+      ++inflight_;
+      // The entry is queued now: if this submit fails (EAGAIN), the next one sends it.
+      (void)io_uring_submit(&ring_);
+      return Status::OK();
     }
   }
-  // pwrite path (also the fallback when the ring refuses a submission).
+  // pwrite path (also when the ring has no free entry).
   const PackState& st = State(write->pack_id);
   Status s =
       PWriteFull(write->fd->get(), write->offset, {write->header, kRecordHeaderBytes}, st.path);
@@ -137,11 +135,18 @@ Status PackWriter::SubmitWrite(std::unique_ptr<InflightWrite> write) {
   return s;
 }
 
-void PackWriter::Reap(bool wait_one) {
+Status PackWriter::Reap(bool wait_one) {
   io_uring_cqe* cqe = nullptr;
-  if (wait_one) {
-    int rc = io_uring_wait_cqe(&ring_, &cqe);
-    if (rc < 0) return;
+  for (int tries = 0; wait_one; ++tries) {
+    // Submits whatever is still queued, then waits for a completion.
+    int rc = io_uring_submit_and_wait(&ring_, 1);
+    if (rc >= 0 && io_uring_peek_cqe(&ring_, &cqe) == 0) break;
+    if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
+      // In-flight buffers are left allocated: the kernel may still use them.
+      return Status::FromErrno(-rc, "io_uring wait");
+    }
+    if (tries > 1000) return Status::IOError("io_uring makes no progress");
+    if (rc < 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   while ((cqe != nullptr) || io_uring_peek_cqe(&ring_, &cqe) == 0) {
     auto* write = static_cast<InflightWrite*>(io_uring_cqe_get_data(cqe));
@@ -172,6 +177,7 @@ void PackWriter::Reap(bool wait_one) {
     }
     Complete(write, res);
   }
+  return Status::OK();
 }
 
 void PackWriter::Complete(InflightWrite* write, int result) {
@@ -200,11 +206,9 @@ void PackWriter::StartWriteback(PackState& st, uint64_t end) {
     hint->fd = st.fd;
     io_uring_prep_sync_file_range(sqe, st.fd->get(), static_cast<unsigned>(end - from), from,
                                   SYNC_FILE_RANGE_WRITE);
-    io_uring_sqe_set_data(sqe, hint.get());
-    if (io_uring_submit(&ring_) >= 1) {
-      hint.release();
-      ++inflight_;
-    }
+    io_uring_sqe_set_data(sqe, hint.release());  // owned by the ring until Reap()
+    ++inflight_;
+    (void)io_uring_submit(&ring_);
     return;
   }
   (void)::sync_file_range(st.fd->get(), static_cast<off_t>(from), static_cast<off_t>(end - from),
@@ -212,7 +216,7 @@ void PackWriter::StartWriteback(PackState& st, uint64_t end) {
 }
 
 Status PackWriter::WaitAllInflight() {
-  while (inflight_ > 0) Reap(true);
+  while (inflight_ > 0) CKPTFS_RETURN_IF_ERROR(Reap(true));
   return Status::OK();
 }
 

@@ -91,7 +91,7 @@ class PackWriter {
   Status RotateLocked();
   Status SubmitWrite(std::unique_ptr<InflightWrite> write);
   // Waits for completions: at least one when `wait_one`, else only those already done.
-  void Reap(bool wait_one);
+  Status Reap(bool wait_one);
   void Complete(InflightWrite* write, int result);
   // Starts writeback of the pack's written bytes once enough have gathered, so that the next
   // Sync() finds little dirty data (sync_file_range; asynchronous on the ring).

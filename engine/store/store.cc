@@ -56,10 +56,18 @@ Result<FastCdc::Params> LoadConfig(const std::filesystem::path& dir, const Store
                                 std::to_string(kStoreFormatVersion) + ": upgrade ckptfs");
   }
   FastCdc::Params p;
-  const auto& c = config.value("chunking", nlohmann::json::object());
-  p.min_size = c.value("min", p.min_size);
-  p.avg_size = c.value("avg", p.avg_size);
-  p.max_size = c.value("max", p.max_size);
+  if (config.contains("chunking")) {
+    const auto& c = config["chunking"];
+    auto field = [&](const char* key, size_t* out) {
+      if (!c.is_object() || !c.contains(key)) return false;
+      if (!c[key].is_number_unsigned()) return false;
+      *out = c[key].get<size_t>();
+      return true;
+    };
+    if (!field("min", &p.min_size) || !field("avg", &p.avg_size) || !field("max", &p.max_size)) {
+      return Status::Corruption(path.string() + ": \"chunking\" must hold unsigned min/avg/max");
+    }
+  }
   CKPTFS_RETURN_IF_ERROR(FastCdc::Validate(p));
   return p;
 }
@@ -130,7 +138,9 @@ Status Store::Recover() {
   }
   uint32_t max_id = 0;
   std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(dir_ / "packs", ec)) {
+  for (std::filesystem::directory_iterator dir(dir_ / "packs", ec), end; !ec && dir != end;
+       dir.increment(ec)) {
+    const auto& entry = *dir;
     uint32_t id;
     if (!ParsePackFileName(entry.path().filename().string(), &id)) continue;
     max_id = std::max(max_id, id);
@@ -416,7 +426,12 @@ Result<std::shared_ptr<const Buffer>> Store::LoadChunk(const ChunkId& id,
       loading_.emplace(id, promise.get_future().share());
     }
   }
-  if (pending.valid()) return pending.get();
+  if (pending.valid()) {
+    LoadResult joined = pending.get();
+    // The other load may have used a location gc has moved since: try ours before failing.
+    if (joined.ok()) return joined;
+    return DecodeChunk(id, row);
+  }
   LoadResult result = DecodeChunk(id, row);  // inserts into the cache on success
   promise.set_value(result);
   std::lock_guard lock(loading_mu_);
@@ -487,10 +502,13 @@ Status Store::RemoveName(std::string_view name) {
 uint64_t Store::PackBytesOnDisk() const {
   uint64_t total = 0;
   std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(dir_ / "packs", ec)) {
+  for (std::filesystem::directory_iterator it(dir_ / "packs", ec), end; !ec && it != end;
+       it.increment(ec)) {
     uint32_t id;
-    if (ParsePackFileName(entry.path().filename().string(), &id)) {
-      total += entry.file_size(ec);
+    std::error_code size_ec;
+    if (ParsePackFileName(it->path().filename().string(), &id)) {
+      uint64_t size = it->file_size(size_ec);
+      if (!size_ec) total += size;
     }
   }
   return total;

@@ -197,6 +197,9 @@ class WritePathTest(mounted.MountedTestCase):
             f.seek(2000)
             f.write(b"xyz")
         os.truncate(d, 0)
+        same = os.path.join(v, "same")         # to its own size: nothing changes
+        write_file(same, pc)
+        os.truncate(same, len(pc))
         fresh = os.path.join(v, "e")
         with open(fresh, "wb") as f:           # while it streams: larger, then keep writing
             f.write(pa[:MiB])
@@ -208,6 +211,7 @@ class WritePathTest(mounted.MountedTestCase):
             b: pb + bytes(4 * MiB - len(pb)),
             c: pc[:1000] + bytes(1000) + b"xyz",
             d: b"",
+            same: pc,
             fresh: pa[:MiB] + bytes(MiB) + b"after",
         }
 
