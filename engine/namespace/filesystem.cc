@@ -241,18 +241,15 @@ Status FileSystem::DropInode(Catalog::WriteTxn& txn, const Inode& inode) {
 }
 
 Status FileSystem::RemoveEntry(Catalog::WriteTxn& txn, Ino parent, std::string_view name,
-                               const Inode& child) {
+                               const Inode& child, std::unique_lock<std::mutex>& open_lock) {
   CKPTFS_RETURN_IF_ERROR(txn.Delete(Table::kDirents, DirentKey(parent, name)));
   CKPTFS_ASSIGN_OR_RETURN(Inode dir, MustGet(txn, parent));
   dir.mtime_ns = dir.ctime_ns = NowNs();
   if (child.is_dir()) --dir.nlink;
   CKPTFS_RETURN_IF_ERROR(PutInode(txn, dir));
-  bool open;
-  {
-    std::lock_guard lock(open_mu_);
-    open = open_files_.count(child.ino) != 0;
-  }
-  if (!open) return DropInode(txn, child);
+  // Held until the caller commits: an Open() in between would get a handle on a dropped inode.
+  if (!open_lock.owns_lock()) open_lock = std::unique_lock(open_mu_);
+  if (open_files_.count(child.ino) == 0) return DropInode(txn, child);
   Inode orphan = child;  // dropped when its last handle goes (or at the next mount)
   orphan.nlink = 0;
   return PutInode(txn, orphan);
@@ -264,7 +261,8 @@ Status FileSystem::Unlink(Ino parent, std::string_view name) {
   if (!ino) return Status::NotFound(std::string(name));
   CKPTFS_ASSIGN_OR_RETURN(Inode child, MustGet(txn, *ino));
   if (child.is_dir()) return Errno(EISDIR, std::string(name));
-  CKPTFS_RETURN_IF_ERROR(RemoveEntry(txn, parent, name, child));
+  std::unique_lock<std::mutex> open_lock(open_mu_, std::defer_lock);
+  CKPTFS_RETURN_IF_ERROR(RemoveEntry(txn, parent, name, child, open_lock));
   return txn.Commit();
 }
 
@@ -278,7 +276,8 @@ Status FileSystem::Rmdir(Ino parent, std::string_view name) {
   CKPTFS_RETURN_IF_ERROR(txn.ForEach(Table::kDirents, DirentPrefix(child.ino), "",
                                      [&](auto, auto) { return empty = false; }));
   if (!empty) return Errno(ENOTEMPTY, std::string(name));
-  CKPTFS_RETURN_IF_ERROR(RemoveEntry(txn, parent, name, child));
+  std::unique_lock<std::mutex> open_lock(open_mu_, std::defer_lock);
+  CKPTFS_RETURN_IF_ERROR(RemoveEntry(txn, parent, name, child, open_lock));
   return txn.Commit();
 }
 
@@ -308,6 +307,7 @@ Status FileSystem::Rename(Ino parent, std::string_view name, Ino new_parent,
     up = dir.parent;
   }
   CKPTFS_ASSIGN_OR_RETURN(std::optional<Ino> dst_ino, GetDirent(txn, new_parent, new_name));
+  std::unique_lock<std::mutex> open_lock(open_mu_, std::defer_lock);
   if (dst_ino) {
     if (*dst_ino == src.ino) return Status::OK();
     if (flags & RENAME_NOREPLACE) return Status::AlreadyExists(std::string(new_name));
@@ -320,7 +320,7 @@ Status FileSystem::Rename(Ino parent, std::string_view name, Ino new_parent,
                                          [&](auto, auto) { return empty = false; }));
       if (!empty) return Errno(ENOTEMPTY, std::string(new_name));
     }
-    CKPTFS_RETURN_IF_ERROR(RemoveEntry(txn, new_parent, new_name, dst));
+    CKPTFS_RETURN_IF_ERROR(RemoveEntry(txn, new_parent, new_name, dst, open_lock));
   }
   CKPTFS_RETURN_IF_ERROR(txn.Delete(Table::kDirents, DirentKey(parent, name)));
   CKPTFS_RETURN_IF_ERROR(
@@ -342,7 +342,7 @@ Status FileSystem::Rename(Ino parent, std::string_view name, Ino new_parent,
     CKPTFS_RETURN_IF_ERROR(PutInode(txn, to_dir));
   }
   CKPTFS_RETURN_IF_ERROR(txn.Commit());
-  std::lock_guard lock(open_mu_);
+  if (!open_lock.owns_lock()) open_lock.lock();
   auto it = open_files_.find(src.ino);
   if (it != open_files_.end()) it->second->version = new_version;
   return Status::OK();

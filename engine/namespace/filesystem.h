@@ -158,8 +158,10 @@ class FileSystem {
   Status CheckWritable(const Catalog::ReadTxn& txn, const Inode& inode);
   Result<Inode> MakeNode(Ino parent, std::string_view name, uint32_t mode, const Caller& caller,
                          std::string_view symlink);
-  // Removes a name; drops the inode unless it is open.
-  Status RemoveEntry(Catalog::WriteTxn& txn, Ino parent, std::string_view name, const Inode& child);
+  // Removes a name; drops the inode unless it is open. Leaves open_mu_ locked in open_lock
+  // so that the caller commits before anyone can open the inode.
+  Status RemoveEntry(Catalog::WriteTxn& txn, Ino parent, std::string_view name, const Inode& child,
+                     std::unique_lock<std::mutex>& open_lock);
   Status DropInode(Catalog::WriteTxn& txn, const Inode& inode);
   // The open state of `ino` (made from the catalog if there is none), with one more handle.
   Result<std::shared_ptr<OpenInode>> OpenInodeFor(Ino ino);
