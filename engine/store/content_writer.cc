@@ -1,5 +1,8 @@
 #include "engine/store/content_writer.h"
 
+#include <array>
+#include <cstring>
+
 #include "engine/store/store.h"
 
 namespace ckptfs {
@@ -10,7 +13,10 @@ ContentWriter::ContentWriter(Store* store, std::optional<ContentId> base, uint64
       base_size_(base_size),
       cdc_(store->options().chunking),
       size_(base_size),
-      chunk_start_(base_size) {}
+      chunk_start_(base_size) {
+  // An appender's bytes do not start a file: only a writer of a whole content looks for a zip.
+  if (base_size == 0 && store->options().format_aware_chunking) zip_.emplace();
+}
 
 ContentWriter::~ContentWriter() {
   if (!finished_) Abandon();
@@ -21,6 +27,19 @@ Status ContentWriter::Append(Bytes data) {
     std::lock_guard lock(mu_);
     if (!error_.ok()) return error_;
   }
+  while (!data.empty()) {
+    // The cutter stops where it learns of a record boundary, which may lie a few bytes back.
+    const size_t n = zip_ ? zip_->Scan(data) : data.size();
+    AppendChunked(data.first(n));
+    data = data.subspan(n);
+    if (!zip_) continue;
+    if (zip_->AtCut()) CutAt(zip_->cut());
+    if (zip_->done()) zip_.reset();
+  }
+  return Status::OK();
+}
+
+void ContentWriter::AppendChunked(Bytes data) {
   const size_t max_size = cdc_.params().max_size;
   while (!data.empty()) {
     size_t n;
@@ -38,7 +57,20 @@ Status ContentWriter::Append(Bytes data) {
     data = data.subspan(n);
     if (cut) Submit();
   }
-  return Status::OK();
+}
+
+void ContentWriter::CutAt(uint64_t offset) {
+  if (offset <= chunk_start_ || offset > size_) return;
+  const size_t keep = static_cast<size_t>(offset - chunk_start_);
+  std::array<std::byte, TorchZipCutter::kMaxCutLag> after;
+  const size_t lag = current_.size() - keep;
+  if (lag > after.size()) return;  // cannot happen: cuts are learned at most kMaxCutLag late
+  std::memcpy(after.data(), current_.data() + keep, lag);
+  current_.Resize(keep);
+  size_ -= lag;
+  Submit();
+  // Fewer than min_size bytes: FastCDC starts the next chunk with them and cannot cut there.
+  AppendChunked({after.data(), lag});
 }
 
 Status ContentWriter::Cut() {

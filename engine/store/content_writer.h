@@ -11,6 +11,12 @@
 //   CKPTFS_RETURN_IF_ERROR(w->Cut());                     // a chunk ends here
 //   CKPTFS_ASSIGN_OR_RETURN(ContentId id, w->Finish());
 //
+// In kContentDefined mode, with the store's format_aware_chunking, a writer that starts a
+// content (not an appender) also ends a chunk wherever the record data of a torch.save zip
+// starts and ends (format/torch_zip.h), with FastCDC inside the records; for bytes that are not
+// such a zip this is plain FastCDC. Chunks depend only on the bytes, not on how Append()
+// splits them.
+//
 // Finish() waits for the pipeline, makes the records durable and commits the content; a hook
 // runs inside that same catalog transaction (to bind the content to a name or inode). A writer
 // destroyed without Finish() abandons its content: nothing becomes visible.
@@ -29,6 +35,7 @@
 #include <optional>
 
 #include "engine/chunk/fastcdc.h"
+#include "engine/format/torch_zip.h"
 #include "engine/store/catalog.h"
 #include "engine/util/buffer.h"
 #include "engine/util/status.h"
@@ -52,7 +59,11 @@ class ContentWriter {
   Status Append(Bytes data);
   // Ends the current chunk here (no-op at a chunk boundary).
   Status Cut();
-  void SetCutMode(CutMode mode) { mode_ = mode; }
+  // kCallerOnly also ends format-aware cuts for the rest of the content.
+  void SetCutMode(CutMode mode) {
+    mode_ = mode;
+    if (mode != CutMode::kContentDefined) zip_.reset();
+  }
   uint64_t size() const { return size_; }
   // Reads bytes [offset, offset + out.size()) of what was written so far; short at the end.
   // Waits for queued chunks to be stored first.
@@ -68,6 +79,11 @@ class ContentWriter {
     bool pinned = false;
   };
   ContentWriter(Store* store, std::optional<ContentId> base, uint64_t base_size);
+  // Cuts in mode_ (FastCDC or the maximum size), appending to current_.
+  void AppendChunked(Bytes data);
+  // Ends the current chunk at `offset`, at most TorchZipCutter::kMaxCutLag bytes before size_;
+  // the bytes after it start the next chunk. No-op if a chunk already ends at or after it.
+  void CutAt(uint64_t offset);
   void Submit();
   void WaitIdle();
   void Abandon();
@@ -76,6 +92,7 @@ class ContentWriter {
   const std::optional<ContentId> base_;
   const uint64_t base_size_;
   FastCdc cdc_;
+  std::optional<TorchZipCutter> zip_;  // while format-aware cuts may still come
   CutMode mode_ = CutMode::kContentDefined;
   Buffer current_;
   uint64_t size_ = 0;

@@ -55,6 +55,10 @@ struct StoreOptions {
   bool create_if_missing = true;
   CodecSpec codec;           // for new records
   FastCdc::Params chunking;  // used when creating a store; fixed afterwards
+  // Also end chunks where the records of a torch.save zip start and end (format/torch_zip.h),
+  // so that a changed tensor shares no chunk with an unchanged one. Changing it changes
+  // boundaries, and so dedup against contents stored with the other setting, nothing else.
+  bool format_aware_chunking = true;
   uint64_t pack_target_bytes = 256ull << 20;
   size_t cache_bytes = 256u << 20;    // decoded-chunk cache
   size_t inflight_bytes = 64u << 20;  // raw bytes queued for hashing/compression, all writers

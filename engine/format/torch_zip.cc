@@ -1,0 +1,254 @@
+#include "engine/format/torch_zip.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "engine/util/coding.h"
+
+namespace ckptfs {
+namespace {
+
+constexpr std::byte kLocalHeaderSignature[4] = {std::byte{'P'}, std::byte{'K'}, std::byte{3},
+                                                std::byte{4}};
+constexpr std::byte kDescriptorSignature[4] = {std::byte{'P'}, std::byte{'K'}, std::byte{7},
+                                               std::byte{8}};
+constexpr uint16_t kFlagEncrypted = 1 << 0;
+constexpr uint16_t kFlagDescriptor = 1 << 3;
+constexpr uint16_t kFlagStrongEncryption = 1 << 6;
+constexpr uint16_t kFlagMaskedHeader = 1 << 13;
+constexpr uint16_t kExtraZip64 = 0x0001;
+constexpr uint32_t kSize32Escape = 0xFFFFFFFF;
+
+}  // namespace
+
+size_t TorchZipCutter::Scan(Bytes data) {
+  at_cut_ = false;
+  size_t used = 0;
+  while (used < data.size() && !at_cut_ && state_ != State::kDone) {
+    Bytes rest = data.subspan(used);
+    size_t n = 0;
+    switch (state_) {
+      case State::kHeader:
+        n = ScanHeader(rest);
+        break;
+      case State::kName:
+        n = ScanName(rest);
+        break;
+      case State::kExtra:
+        n = ScanExtra(rest);
+        break;
+      case State::kSizedData:
+        n = ScanSizedData(rest);
+        break;
+      case State::kDescribedData:
+        n = ScanDescribedData(rest);
+        break;
+      case State::kDone:
+        break;
+    }
+    if (n == 0) state_ = State::kDone;  // cannot happen; never loop
+    used += n;
+  }
+  if (state_ == State::kDone && !at_cut_) {
+    offset_ += data.size() - used;
+    used = data.size();
+  }
+  return used;
+}
+
+size_t TorchZipCutter::ScanHeader(Bytes data) {
+  const size_t n = std::min(data.size(), fixed_.size() - fixed_len_);
+  std::memcpy(fixed_.data() + fixed_len_, data.data(), n);
+  for (size_t i = fixed_len_; i < std::min<size_t>(fixed_len_ + n, 4); ++i) {
+    if (fixed_[i] != kLocalHeaderSignature[i]) state_ = State::kDone;
+  }
+  fixed_len_ += n;
+  offset_ += n;
+  if (state_ == State::kDone) return n;
+  if (fixed_len_ >= 4) recognized_ = true;
+  if (fixed_len_ == fixed_.size()) EndFixedHeader();
+  return n;
+}
+
+void TorchZipCutter::EndFixedHeader() {
+  const uint16_t flags = GetLE<uint16_t>(&fixed_[6]);
+  const uint16_t method = GetLE<uint16_t>(&fixed_[8]);
+  const uint16_t extra_size = GetLE<uint16_t>(&fixed_[28]);
+  if (method != 0 || (flags & (kFlagEncrypted | kFlagStrongEncryption | kFlagMaskedHeader)) != 0 ||
+      extra_size > kMaxExtraBytes) {
+    state_ = State::kDone;
+    return;
+  }
+  name_left_ = GetLE<uint16_t>(&fixed_[26]);
+  extra_size_ = extra_size;
+  extra_len_ = 0;
+  state_ = State::kName;
+  if (name_left_ == 0) EndName();
+}
+
+size_t TorchZipCutter::ScanName(Bytes data) {
+  const size_t n = std::min(data.size(), name_left_);
+  name_left_ -= n;
+  offset_ += n;
+  if (name_left_ == 0) EndName();
+  return n;
+}
+
+void TorchZipCutter::EndName() {
+  state_ = State::kExtra;
+  if (extra_size_ == 0) EndHeader();
+}
+
+size_t TorchZipCutter::ScanExtra(Bytes data) {
+  const size_t n = std::min(data.size(), extra_size_ - extra_len_);
+  std::memcpy(extra_.data() + extra_len_, data.data(), n);
+  extra_len_ += n;
+  offset_ += n;
+  if (extra_len_ == extra_size_) EndHeader();
+  return n;
+}
+
+void TorchZipCutter::EndHeader() {
+  // The extra field is a list of (id u16, size u16, bytes); find ZIP64 extended information.
+  const std::byte* zip64 = nullptr;
+  size_t zip64_size = 0;
+  for (size_t i = 0; i + 4 <= extra_size_;) {
+    const uint16_t id = GetLE<uint16_t>(&extra_[i]);
+    const size_t size = GetLE<uint16_t>(&extra_[i + 2]);
+    if (i + 4 + size > extra_size_) {
+      state_ = State::kDone;
+      return;
+    }
+    if (id == kExtraZip64) {
+      zip64 = &extra_[i + 4];
+      zip64_size = size;
+    }
+    i += 4 + size;
+  }
+  data_start_ = offset_;
+  const uint16_t flags = GetLE<uint16_t>(&fixed_[6]);
+  if (flags & kFlagDescriptor) {
+    // Sizes follow the data; with a ZIP64 field they are 8 bytes each (APPNOTE 4.3.9).
+    descriptor_bytes_ = zip64 != nullptr ? 24 : 16;
+    tail_len_ = 0;
+    state_ = State::kDescribedData;
+    Report(data_start_);
+    return;
+  }
+  uint64_t compressed = GetLE<uint32_t>(&fixed_[18]);
+  uint64_t uncompressed = GetLE<uint32_t>(&fixed_[22]);
+  // ZIP64: 8-byte sizes replace those that are 0xFFFFFFFF, uncompressed first (APPNOTE 4.5.3).
+  size_t at = 0;
+  for (uint64_t* size : {&uncompressed, &compressed}) {
+    if (*size != kSize32Escape) continue;
+    if (zip64 == nullptr || at + 8 > zip64_size) {
+      state_ = State::kDone;
+      return;
+    }
+    *size = GetLE<uint64_t>(zip64 + at);
+    at += 8;
+  }
+  if (compressed != uncompressed) {  // stored data: the two must agree
+    state_ = State::kDone;
+    return;
+  }
+  data_left_ = uncompressed;
+  Report(data_start_);
+  if (data_left_ == 0) {
+    StartHeader();
+  } else {
+    state_ = State::kSizedData;
+  }
+}
+
+size_t TorchZipCutter::ScanSizedData(Bytes data) {
+  const size_t n = static_cast<size_t>(std::min<uint64_t>(data.size(), data_left_));
+  data_left_ -= n;
+  offset_ += n;
+  if (data_left_ == 0) {
+    Report(offset_);
+    StartHeader();
+  }
+  return n;
+}
+
+// The data ends at the first offset p at which descriptor_bytes_ bytes form a descriptor for
+// the p - data_start_ bytes before it. Candidates are checked in order of p; one whose bytes
+// have not all arrived waits in tail_ (it starts within the last descriptor_bytes_ - 1 bytes).
+size_t TorchZipCutter::ScanDescribedData(Bytes data) {
+  const size_t w = descriptor_bytes_;
+  // Candidates that start in the tail kept from earlier data.
+  const uint64_t tail_start = offset_ - tail_len_;
+  for (size_t p = 0; p < tail_len_; ++p) {
+    if (p + w > tail_len_ + data.size()) break;  // this one and all later ones wait for more
+    if (tail_[p] != kDescriptorSignature[0]) continue;
+    std::array<std::byte, kMaxCutLag> window;
+    const size_t from_tail = tail_len_ - p;
+    std::memcpy(window.data(), tail_.data() + p, from_tail);
+    std::memcpy(window.data() + from_tail, data.data(), w - from_tail);
+    if (IsDescriptor(window.data(), tail_start + p)) {
+      const size_t n = w - from_tail;
+      offset_ += n;
+      Report(tail_start + p);
+      StartHeader();
+      return n;
+    }
+  }
+  // Candidates that start in data, as long as their window lies inside it. (memchr for the
+  // signature's first byte, then a compare, is 3x faster than memmem on fp32 tensors.)
+  if (data.size() >= w) {
+    const std::byte* d = data.data();
+    const size_t last = data.size() - w;  // the last start whose window fits
+    for (size_t i = 0; i <= last;) {
+      const void* hit = std::memchr(d + i, 'P', last + 1 - i);
+      if (hit == nullptr) break;
+      const size_t p = static_cast<size_t>(static_cast<const std::byte*>(hit) - d);
+      if (IsDescriptor(d + p, offset_ + p)) {
+        offset_ += p + w;
+        Report(offset_ - w);
+        StartHeader();
+        return p + w;
+      }
+      i = p + 1;
+    }
+  }
+  offset_ += data.size();
+  KeepTail(data);
+  return data.size();
+}
+
+bool TorchZipCutter::IsDescriptor(const std::byte* window, uint64_t at) const {
+  if (std::memcmp(window, kDescriptorSignature, 4) != 0) return false;
+  const uint64_t size = at - data_start_;
+  if (descriptor_bytes_ == 16) {
+    return GetLE<uint32_t>(window + 8) == size && GetLE<uint32_t>(window + 12) == size;
+  }
+  return GetLE<uint64_t>(window + 8) == size && GetLE<uint64_t>(window + 16) == size;
+}
+
+void TorchZipCutter::KeepTail(Bytes data) {
+  const size_t keep = descriptor_bytes_ - 1;
+  if (data.size() >= keep) {
+    std::memcpy(tail_.data(), data.data() + data.size() - keep, keep);
+    tail_len_ = keep;
+    return;
+  }
+  const size_t old = std::min(tail_len_, keep - data.size());
+  std::memmove(tail_.data(), tail_.data() + tail_len_ - old, old);
+  std::memcpy(tail_.data() + old, data.data(), data.size());
+  tail_len_ = old + data.size();
+}
+
+void TorchZipCutter::StartHeader() {
+  state_ = State::kHeader;
+  fixed_len_ = 0;
+}
+
+void TorchZipCutter::Report(uint64_t cut) {
+  if (cut <= last_cut_) return;  // an empty entry: its end is its start
+  at_cut_ = true;
+  cut_ = cut;
+  last_cut_ = cut;
+}
+
+}  // namespace ckptfs
