@@ -189,7 +189,8 @@ class Store {
   // Chunks being decoded: a second reader (or the prefetcher) waits for the first.
   using LoadResult = Result<std::shared_ptr<const Buffer>>;
   mutable std::mutex loading_mu_;
-  mutable std::unordered_map<ChunkId, std::shared_future<LoadResult>> loading_;  // GUARDED_BY(loading_mu_)
+  mutable std::unordered_map<ChunkId, std::shared_future<LoadResult>>
+      loading_;  // GUARDED_BY(loading_mu_)
   mutable std::mutex fd_mu_;
   mutable std::unordered_map<uint32_t, std::shared_ptr<FileDescriptor>>
       read_fds_;  // GUARDED_BY(fd_mu_)

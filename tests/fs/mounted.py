@@ -18,6 +18,7 @@ started on import does the same for whatever is left if this process dies withou
 import atexit
 import errno
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -30,6 +31,23 @@ CKPTFS = os.path.abspath(os.environ.get("CKPTFS") or os.path.join(
     os.path.dirname(os.path.abspath(__file__)), "..", "..", "build", "ckptfs"))
 
 ROOT_PREFIX = "ckptfs-fstest-"
+
+
+MiB = 1 << 20
+
+
+def data(n, seed):
+    return random.Random(seed).randbytes(n)
+
+
+def write_file(path, payload):
+    with open(path, "wb") as f:
+        f.write(payload)
+
+
+def read_file(path):
+    with open(path, "rb") as f:
+        return f.read()
 
 
 def mounted_points():

@@ -12,21 +12,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mounted  # noqa: E402
 
-MiB = 1 << 20
-
-
-def data(n, seed):
-    return random.Random(seed).randbytes(n)
-
-
-def write_file(path, payload):
-    with open(path, "wb") as f:
-        f.write(payload)
-
-
-def read_file(path):
-    with open(path, "rb") as f:
-        return f.read()
+MiB = mounted.MiB
+data, write_file, read_file = mounted.data, mounted.write_file, mounted.read_file
 
 
 class SealTest(mounted.MountedTestCase):
