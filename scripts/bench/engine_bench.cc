@@ -469,8 +469,17 @@ Cost ReaderRead(const Store& store, ContentId id, MutableBytes out) {
   });
 }
 
+// --no-format-aware: plain FastCDC, without the torch zip cuts (for comparison).
+bool g_format_aware = true;
+
+StoreOptions BenchOptions() {
+  StoreOptions options;
+  options.format_aware_chunking = g_format_aware;
+  return options;
+}
+
 std::unique_ptr<Store> OpenStore(const fs::path& dir) {
-  return Unwrap(Store::Open(dir, StoreOptions{}), "open store " + dir.string());
+  return Unwrap(Store::Open(dir, BenchOptions()), "open store " + dir.string());
 }
 
 // Wall and CPU times of repeated runs of one operation.
@@ -535,9 +544,11 @@ E2eResult RunE2e(Bytes v1, const Buffer* v2, const fs::path& dir, int runs, Text
     ::sync();
   }
   t->Section(
-      Fmt("end to end, %.1f MB, default StoreOptions (lz4, FastCDC 256K/1M/4M, %u workers, "
-          "%s), pieces of 4 MiB, on %s",
-          n / 1e6, std::max(1u, std::thread::hardware_concurrency()), uring ? "io_uring" : "pwrite",
+      Fmt("end to end, %.1f MB, default StoreOptions (lz4, FastCDC %zuK/%zuK/%zuK, "
+          "format-aware %s, %u workers, %s), pieces of 4 MiB, on %s",
+          n / 1e6, FastCdc::Params{}.min_size >> 10, FastCdc::Params{}.avg_size >> 10,
+          FastCdc::Params{}.max_size >> 10, g_format_aware ? "on" : "off",
+          std::max(1u, std::thread::hardware_concurrency()), uring ? "io_uring" : "pwrite",
           dir.c_str()));
   auto ri = Rates(n, ingest.wall), rs = Rates(n, sync.wall), rn = Rates(n, nosync.wall);
   auto vs_sync = Ratios(ri, rs), vs_nosync = Ratios(ri, rn);
@@ -825,7 +836,7 @@ struct StoreCost {
 StoreCost MeasureStore(const fs::path& dir, Bytes v1, const FastCdc::Params& p, int runs) {
   constexpr size_t kRandomRead = 128 << 10;
   constexpr int kRandomReads = 64;
-  StoreOptions options;
+  StoreOptions options = BenchOptions();
   options.chunking = p;
   StoreCost cost;
   ContentId id = 0;
@@ -988,9 +999,11 @@ int main(int argc, char** argv) {
       runs = std::max(1, std::atoi(next().c_str()));
     } else if (a == "--only") {
       only = next();
+    } else if (a == "--no-format-aware") {
+      g_format_aware = false;
     } else {
       Die("usage: engine_bench --v1 FILE --dir DIR [--v2 FILE] [--runs N] "
-          "[--only micro,e2e,hash,chunk]");
+          "[--only micro,e2e,hash,chunk] [--no-format-aware]");
     }
   }
   if (v1_path.empty() || dir.empty()) Die("--v1 and --dir are required");
