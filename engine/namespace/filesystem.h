@@ -132,7 +132,6 @@ class FileSystem {
   // Seals the version `ino` (a top-level directory), committing its open files first.
   Status Seal(Ino ino);
 
-  Store* store() { return store_; }
 
  private:
   struct OpenInode;

@@ -29,7 +29,6 @@ class ChunkCache {
   std::shared_ptr<const Buffer> Lookup(const ChunkId& id);
   void Insert(const ChunkId& id, std::shared_ptr<const Buffer> chunk);
   size_t size_bytes() const;
-  size_t capacity_bytes() const { return capacity_; }
 
  private:
   static constexpr size_t kShards = 16;

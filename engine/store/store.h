@@ -139,8 +139,7 @@ class Store {
   const std::filesystem::path& dir() const { return dir_; }
   const StoreOptions& options() const { return options_; }
   bool using_io_uring() const { return packs_->using_io_uring(); }
-  // Raw bytes queued in the write pipeline: now, and the most at once since Open.
-  size_t inflight_bytes() const { return inflight_.used(); }
+  // The most raw bytes queued in the write pipeline at once since Open.
   size_t inflight_peak_bytes() const { return inflight_.peak(); }
 
  private:
