@@ -1,39 +1,110 @@
 #!/usr/bin/env bash
-# Fuzzes the torch zip cutter (engine/format/torch_zip.h) with libFuzzer: builds
-# tests/fuzz/torch_zip_fuzz with clang-14 (ASan, UBSan) in build-fuzz/, seeds a corpus with
-# small real torch.save files and zipfile archives of every layout, and runs for SECONDS.
+# Fuzzes the parsers of untrusted checkpoint bytes with libFuzzer: builds tests/fuzz/*_fuzz with
+# clang-14 (ASan, UBSan) in build-fuzz/, seeds each target's corpus with real files (written by
+# python at first use: torch.save checkpoints and zipfile archives, their data.pkl, safetensors
+# files), and runs.
 #
-# Usage: scripts/fuzz.sh [SECONDS] [JOBS]   (defaults: 30 seconds, 1 job)
-# The corpus grows in build-fuzz/corpus/torch_zip/; a crashing input is saved as
-# build-fuzz/crash-* (rerun it with build-fuzz/torch_zip_fuzz FILE).
+# Usage: scripts/fuzz.sh [TARGET] [SECONDS] [JOBS]   one target (default torch_zip), SECONDS
+#                                                    (default 30) with JOBS processes (default 1)
+#        scripts/fuzz.sh all [SECONDS] [JOBS]        every target in turn
+#        scripts/fuzz.sh --ci [SECONDS]              every target for SECONDS (default 20) from
+#                                                    its seeds only; fails on the first crash
+#        scripts/fuzz.sh SECONDS [JOBS]              the torch_zip target (as before targets)
+# Targets: torch_zip (engine/format/torch_zip.h), torch_pickle (torch_pickle.h), safetensors
+# (safetensors.h). The corpus grows in build-fuzz/corpus/TARGET/; a crashing input is saved as
+# build-fuzz/crash-* (rerun it with build-fuzz/TARGET_fuzz FILE).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-seconds="${1:-30}"
-jobs="${2:-1}"
+targets=(torch_zip torch_pickle safetensors)
+ci=0
+case "${1:-}" in
+  --ci) ci=1; shift; selected=("${targets[@]}"); seconds="${1:-20}"; jobs=1 ;;
+  all) shift; selected=("${targets[@]}") ;;
+  torch_zip|torch_pickle|safetensors) selected=("$1"); shift ;;
+  ''|[0-9]*) selected=(torch_zip) ;;
+  *) echo "fuzz.sh: unknown target '$1' (${targets[*]}, all, --ci)" >&2; exit 2 ;;
+esac
+if [ "$ci" -eq 0 ]; then
+  seconds="${1:-30}"
+  jobs="${2:-1}"
+fi
 build=build-fuzz
 
 if [ ! -f "$build/CMakeCache.txt" ]; then
   CC=clang-14 CXX=clang++-14 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 fi
-cmake --build "$build" --target torch_zip_fuzz -j"$(nproc)" >/dev/null
+fuzzers=()
+for t in "${selected[@]}"; do fuzzers+=("${t}_fuzz"); done
+cmake --build "$build" --target "${fuzzers[@]}" -j"$(nproc)" >/dev/null
 
-corpus="$build/corpus/torch_zip"
-if [ ! -d "$corpus" ]; then
-  mkdir -p "$corpus"
-  /usr/bin/python3 scripts/gen_torch_sample.py "$corpus/mlp.pt" --hidden 4
-  /usr/bin/python3 - "$corpus/state_dict.pt" <<'PY'
+# Writes the seeds of target $1 into directory $2.
+seed() {
+  local target="$1" dir="$2"
+  mkdir -p "$dir"
+  case "$target" in
+    torch_zip)
+      /usr/bin/python3 scripts/gen_torch_sample.py "$dir/mlp.pt" --hidden 4
+      /usr/bin/python3 - "$dir/state_dict.pt" <<'PY'
 import sys
 import torch
 torch.manual_seed(0)
 torch.save({"w": torch.randn(8, 8), "b": torch.zeros(0), "step": torch.tensor(3)}, sys.argv[1])
 PY
-  /usr/bin/python3 engine/format/torch_zip_testdata.py zips "$corpus" 1000
-fi
+      /usr/bin/python3 engine/format/torch_zip_testdata.py zips "$dir" 1000
+      ;;
+    torch_pickle)
+      local tmp="$build/seeds_torch_pickle"
+      rm -rf "$tmp"
+      /usr/bin/python3 engine/format/torch_pickle_testdata.py write "$tmp" >/dev/null
+      /usr/bin/python3 engine/format/torch_pickle_testdata.py evil "$tmp"
+      cp "$tmp"/*.pkl "$dir"/
+      rm -rf "$tmp"
+      ;;
+    safetensors)
+      local tmp="$build/seeds_safetensors"
+      rm -rf "$tmp"
+      /usr/bin/python3 engine/format/safetensors_testdata.py write "$tmp" >/dev/null
+      cp "$tmp"/*.safetensors "$dir"/
+      rm -rf "$tmp"
+      ;;
+  esac
+}
 
-args=(-max_total_time="$seconds" -max_len=32768 -dict=tests/fuzz/torch_zip.dict
-      -artifact_prefix="$build/" -print_final_stats=1)
-if [ "$jobs" -gt 1 ]; then
-  args+=(-jobs="$jobs" -workers="$jobs")
-fi
-exec "$build/torch_zip_fuzz" "${args[@]}" "$corpus"
+max_len() {
+  case "$1" in
+    torch_zip) echo 32768 ;;
+    *) echo 16384 ;;
+  esac
+}
+
+for t in "${selected[@]}"; do
+  seeds="$build/seeds/$t"
+  if [ ! -d "$seeds" ]; then
+    rm -rf "$seeds.tmp"
+    seed "$t" "$seeds.tmp"
+    mv "$seeds.tmp" "$seeds"
+  fi
+  args=(-max_total_time="$seconds" -max_len="$(max_len "$t")" -dict="tests/fuzz/$t.dict"
+        -timeout=10 -artifact_prefix="$build/" -print_final_stats=1)
+  if [ "$ci" -eq 1 ]; then
+    # A fresh corpus each time, so that a CI run depends only on the seeds.
+    corpus="$build/ci-corpus/$t"
+    rm -rf "$corpus"
+    mkdir -p "$corpus"
+    echo "fuzz.sh: $t for $seconds s"
+    if ! "$build/${t}_fuzz" "${args[@]}" "$corpus" "$seeds" >"$build/$t-ci.log" 2>&1; then
+      tail -n 40 "$build/$t-ci.log" >&2
+      echo "fuzz.sh: $t failed; the input is $build/crash-* (log: $build/$t-ci.log)" >&2
+      exit 1
+    fi
+    grep -E '^stat::number_of_executed_units|^Done' "$build/$t-ci.log" || true
+    continue
+  fi
+  corpus="$build/corpus/$t"
+  mkdir -p "$corpus"
+  if [ "$jobs" -gt 1 ]; then
+    args+=(-jobs="$jobs" -workers="$jobs")
+  fi
+  "$build/${t}_fuzz" "${args[@]}" "$corpus" "$seeds"
+done

@@ -80,6 +80,8 @@ void TorchZipCutter::EndFixedHeader() {
     return;
   }
   name_left_ = GetLE<uint16_t>(&fixed_[26]);
+  name_.clear();
+  name_too_long_ = name_left_ > kMaxNameBytes;
   extra_size_ = extra_size;
   extra_len_ = 0;
   state_ = State::kName;
@@ -88,6 +90,7 @@ void TorchZipCutter::EndFixedHeader() {
 
 size_t TorchZipCutter::ScanName(Bytes data) {
   const size_t n = std::min(data.size(), name_left_);
+  if (!name_too_long_) name_.append(reinterpret_cast<const char*>(data.data()), n);
   name_left_ -= n;
   offset_ += n;
   if (name_left_ == 0) EndName();
@@ -132,7 +135,7 @@ void TorchZipCutter::EndHeader() {
     descriptor_bytes_ = zip64 != nullptr ? 24 : 16;
     tail_len_ = 0;
     state_ = State::kDescribedData;
-    Report(data_start_);
+    Report(data_start_, true);
     return;
   }
   uint64_t compressed = GetLE<uint32_t>(&fixed_[18]);
@@ -153,7 +156,7 @@ void TorchZipCutter::EndHeader() {
     return;
   }
   data_left_ = uncompressed;
-  Report(data_start_);
+  Report(data_start_, true);
   if (data_left_ == 0) {
     StartHeader();
   } else {
@@ -166,7 +169,7 @@ size_t TorchZipCutter::ScanSizedData(Bytes data) {
   data_left_ -= n;
   offset_ += n;
   if (data_left_ == 0) {
-    Report(offset_);
+    Report(offset_, false);
     StartHeader();
   }
   return n;
@@ -189,7 +192,7 @@ size_t TorchZipCutter::ScanDescribedData(Bytes data) {
     if (IsDescriptor(window.data(), tail_start + p)) {
       const size_t n = w - from_tail;
       offset_ += n;
-      Report(tail_start + p);
+      Report(tail_start + p, false);
       StartHeader();
       return n;
     }
@@ -205,7 +208,7 @@ size_t TorchZipCutter::ScanDescribedData(Bytes data) {
       const size_t p = static_cast<size_t>(static_cast<const std::byte*>(hit) - d);
       if (IsDescriptor(d + p, offset_ + p)) {
         offset_ += p + w;
-        Report(offset_ - w);
+        Report(offset_ - w, false);
         StartHeader();
         return p + w;
       }
@@ -244,10 +247,11 @@ void TorchZipCutter::StartHeader() {
   fixed_len_ = 0;
 }
 
-void TorchZipCutter::Report(uint64_t cut) {
+void TorchZipCutter::Report(uint64_t cut, bool start) {
   if (cut <= last_cut_) return;  // an empty entry: its end is its start
   at_cut_ = true;
   cut_ = cut;
+  cut_is_start_ = start;
   last_cut_ = cut;
 }
 

@@ -14,7 +14,7 @@
 //   }
 //
 // It reads each ZIP local file header (signature, 30-byte fixed part, name, extra field) and
-// reports two cuts per entry: where its data starts and where it ends. Entries must be stored
+// reports two cuts per entry: where its data starts and where it ends (one for an empty entry). Entries must be stored
 // (method 0) and not encrypted. The data's size comes from the header, from its ZIP64 extra
 // field (sizes 0xFFFFFFFF), or, with general-purpose flag bit 3, from the data descriptor that
 // follows the data: torch (miniz) writes every non-empty entry that way, with zero sizes in the
@@ -35,6 +35,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "engine/util/buffer.h"
 
@@ -48,6 +49,8 @@ class TorchZipCutter {
   // A local header whose extra field is longer than this is not understood (torch writes a
   // padding field of at most 68 bytes, plus 20 or 28 for ZIP64).
   static constexpr size_t kMaxExtraBytes = 1024;
+  // Entry names longer than this are not kept.
+  static constexpr size_t kMaxNameBytes = 1024;
 
   // Consumes bytes of `data` up to and including the one at which the next cut becomes known,
   // or all of it. Returns how many; AtCut() tells which case it was.
@@ -57,6 +60,11 @@ class TorchZipCutter {
   // REQUIRES: AtCut(). Stream offset at which a chunk should end (offset() - kMaxCutLag <=
   // cut() <= offset()).
   uint64_t cut() const { return cut_; }
+  // REQUIRES: AtCut(). Whether the cut is where an entry's data starts (else where it ends).
+  bool cut_is_start() const { return cut_is_start_; }
+  // REQUIRES: AtCut(). The name of the entry the cut belongs to ("" when longer than
+  // kMaxNameBytes).
+  const std::string& entry_name() const { return name_; }
   // Bytes consumed so far.
   uint64_t offset() const { return offset_; }
   // True once the stream has started with a local file header signature.
@@ -86,7 +94,7 @@ class TorchZipCutter {
   bool IsDescriptor(const std::byte* window, uint64_t at) const;
   void KeepTail(Bytes data);
   void StartHeader();
-  void Report(uint64_t cut);
+  void Report(uint64_t cut, bool start);
 
   State state_ = State::kHeader;
   uint64_t offset_ = 0;
@@ -94,6 +102,9 @@ class TorchZipCutter {
   bool at_cut_ = false;
   uint64_t cut_ = 0;
   uint64_t last_cut_ = 0;
+  bool cut_is_start_ = false;
+  std::string name_;
+  bool name_too_long_ = false;
 
   // The local header being read.
   std::array<std::byte, 30> fixed_;

@@ -16,6 +16,8 @@
 
 namespace ckptfs {
 
+inline constexpr size_t kChunkIdBytes = 32;
+
 struct ChunkId {
   std::array<uint8_t, 32> bytes{};
 

@@ -503,6 +503,68 @@ Status FileSystem::ToStagingLocked(OpenInode& f) {
   return Status::OK();
 }
 
+std::unique_ptr<ContentWriter> FileSystem::NewFileWriter(Ino ino) {
+  auto writer = store_->NewWriter();
+  if (std::optional<ContentId> previous = PreviousVersionContent(ino)) {
+    Status s = writer->SetReference(*previous);
+    if (!s.ok()) spdlog::warn("inode {}: no deltas for this file: {}", ino, s.ToString());
+  }
+  return writer;
+}
+
+std::optional<ContentId> FileSystem::PreviousVersionContent(Ino ino) {
+  constexpr int kMaxDepth = 256;
+  auto txn = store_->catalog().BeginRead();
+  if (!txn.ok()) return std::nullopt;
+  auto get = [&](Ino i) -> std::optional<Inode> {
+    auto inode = GetInode(*txn, i);
+    return inode.ok() ? *inode : std::nullopt;
+  };
+  std::optional<Inode> file = get(ino);
+  if (!file || file->version == 0 || file->version == ino) return std::nullopt;
+  std::optional<Inode> version = get(file->version);
+  if (!version) return std::nullopt;
+  // The file's path below its version, leaf first.
+  std::vector<std::string> path;
+  for (Inode cur = *file; cur.ino != version->ino;) {
+    if (path.size() >= kMaxDepth) return std::nullopt;
+    const std::string prefix = DirentPrefix(cur.parent);
+    std::optional<std::string> name;
+    Status s = txn->ForEach(Table::kDirents, prefix, "", [&](auto key, auto value) {
+      if (value.size() == 12 && DecodeDirent(value).ino == cur.ino) {
+        name = std::string(key.substr(prefix.size()));
+        return false;
+      }
+      return true;
+    });
+    std::optional<Inode> parent = get(cur.parent);
+    if (!s.ok() || !name || !parent) return std::nullopt;
+    path.push_back(std::move(*name));
+    cur = *parent;
+  }
+  // The newest version older than this one.
+  std::optional<Inode> previous;
+  Status s = txn->ForEach(Table::kDirents, DirentPrefix(kRootIno), "", [&](auto, auto value) {
+    if (value.size() != 12 || !S_ISDIR(DecodeDirent(value).mode)) return true;
+    std::optional<Inode> v = get(DecodeDirent(value).ino);
+    if (v && v->version_seq < version->version_seq &&
+        (!previous || v->version_seq > previous->version_seq)) {
+      previous = v;
+    }
+    return true;
+  });
+  if (!s.ok() || !previous) return std::nullopt;
+  Ino at = previous->ino;
+  for (auto it = path.rbegin(); it != path.rend(); ++it) {
+    auto child = GetDirent(*txn, at, *it);
+    if (!child.ok() || !*child) return std::nullopt;
+    at = **child;
+  }
+  std::optional<Inode> match = get(at);
+  if (!match || !match->is_reg() || match->content == 0) return std::nullopt;
+  return match->content;
+}
+
 Status FileSystem::Write(uint64_t fh, uint64_t offset, Bytes data) {
   CKPTFS_ASSIGN_OR_RETURN(Handle h, GetHandle(fh));
   OpenInode& f = *h.file;
@@ -516,7 +578,7 @@ Status FileSystem::Write(uint64_t fh, uint64_t offset, Bytes data) {
       if (f.base != 0) {
         CKPTFS_ASSIGN_OR_RETURN(f.writer, store_->NewAppender(f.base));
       } else {
-        f.writer = store_->NewWriter();
+        f.writer = NewFileWriter(f.ino);
       }
     }
     s = f.writer->Append(data);
@@ -558,7 +620,7 @@ Status FileSystem::CommitLocked(OpenInode& f) {
     id = f.writer->Finish(bind);
     f.writer.reset();
   } else if (f.staging.valid()) {
-    auto writer = store_->NewWriter();
+    auto writer = NewFileWriter(f.ino);
     Buffer buf(kCopyBytes);
     for (uint64_t off = 0; off < size && id.ok();) {
       size_t n = static_cast<size_t>(std::min<uint64_t>(kCopyBytes, size - off));

@@ -18,6 +18,9 @@
 // Fsync() (waits), and on Sync() (waits for everything). Reads of a file being written see
 // what was written.
 //
+// Deltas. A file written into a version is delta-encoded against the file at the same path in
+// the previous version (the top-level directory created before its own), see Store.
+//
 // Versions. Each directory directly under the root is a version. A sealed version refuses
 // changes with ReadOnly (EROFS), except unlink and rmdir, so that `rm -rf` deletes it.
 // Versions are sealed by Seal() or automatically (FileSystemOptions::seal_after).
@@ -133,6 +136,7 @@ class FileSystem {
   Status Seal(Ino ino);
 
 
+
  private:
   struct OpenInode;
   // Per-handle read state: the reader (with its prefetch window) of the committed content.
@@ -170,6 +174,11 @@ class FileSystem {
   // Commits the file's bytes written so far. REQUIRES: file->mu held.
   Status CommitLocked(OpenInode& file);
   Status ToStagingLocked(OpenInode& file);
+  // A writer for a new content of `ino`, with the same path in the previous version (the
+  // version created before ino's) as its delta reference.
+  std::unique_ptr<ContentWriter> NewFileWriter(Ino ino);
+  // The content at ino's path (relative to its version) in the previous version, if any.
+  std::optional<ContentId> PreviousVersionContent(Ino ino);
   Status Enqueue(CommitRequest request, bool wait);
   Status CommitAndMarkSealed(Ino ino, const std::vector<std::shared_ptr<OpenInode>>& files);
   void RunCommitter();

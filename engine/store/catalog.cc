@@ -41,10 +41,13 @@ struct RefKey {
   MDB_val val() const { return Val(b, 16); }
 };
 
-// ChunkRow: version(1) pack(4) offset(8) length(4) raw_len(4) codec(1) checksum(8) refcount(8)
-constexpr size_t kChunkRowBytes = 38;
+// ChunkRow, version 1: version(1) pack(4) offset(8) length(4) raw_len(4) codec(1)
+// checksum(8) refcount(8); version 2 adds transform(1) width(1) depth(1) base(32).
+constexpr size_t kChunkRowV1Bytes = 38;
+constexpr size_t kChunkRowBytes = 73;
+constexpr uint8_t kChunkRowVersion = 2;
 void EncodeChunkRow(const ChunkRow& r, std::byte* out) {
-  out[0] = std::byte{kRowVersion};
+  out[0] = std::byte{kChunkRowVersion};
   PutLE<uint32_t>(out + 1, r.pack_id);
   PutLE<uint64_t>(out + 5, r.offset);
   PutLE<uint32_t>(out + 13, r.length);
@@ -52,12 +55,16 @@ void EncodeChunkRow(const ChunkRow& r, std::byte* out) {
   out[21] = static_cast<std::byte>(r.codec);
   PutLE<uint64_t>(out + 22, r.checksum);
   PutLE<uint64_t>(out + 30, r.refcount);
+  out[38] = static_cast<std::byte>(r.transform);
+  out[39] = std::byte{r.width};
+  out[40] = std::byte{r.depth};
+  std::memcpy(out + 41, r.base.bytes.data(), 32);
 }
 Result<ChunkRow> DecodeChunkRow(const MDB_val& v) {
   const auto* p = static_cast<const std::byte*>(v.mv_data);
-  if (v.mv_size != kChunkRowBytes || p[0] != std::byte{kRowVersion}) {
-    return Status::Corruption("catalog chunk row has an unknown layout");
-  }
+  const bool v1 = v.mv_size == kChunkRowV1Bytes && p[0] == std::byte{1};
+  const bool v2 = v.mv_size == kChunkRowBytes && p[0] == std::byte{kChunkRowVersion};
+  if (!v1 && !v2) return Status::Corruption("catalog chunk row has an unknown layout");
   ChunkRow r;
   r.pack_id = GetLE<uint32_t>(p + 1);
   r.offset = GetLE<uint64_t>(p + 5);
@@ -66,6 +73,12 @@ Result<ChunkRow> DecodeChunkRow(const MDB_val& v) {
   r.codec = static_cast<Codec>(p[21]);
   r.checksum = GetLE<uint64_t>(p + 22);
   r.refcount = GetLE<uint64_t>(p + 30);
+  if (v2) {
+    r.transform = static_cast<Transform>(p[38]);
+    r.width = static_cast<uint8_t>(p[39]);
+    r.depth = static_cast<uint8_t>(p[40]);
+    std::memcpy(r.base.bytes.data(), p + 41, 32);
+  }
   return r;
 }
 
@@ -140,7 +153,8 @@ Result<std::unique_ptr<Catalog>> Catalog::Open(const std::filesystem::path& dir)
       {"names", &c->t_.names},       {"meta", &c->t_.meta},
       {"inodes", &c->t_.raw[static_cast<int>(Table::kInodes)]},
       {"dirents", &c->t_.raw[static_cast<int>(Table::kDirents)]},
-      {"xattrs", &c->t_.raw[static_cast<int>(Table::kXattrs)]}};
+      {"xattrs", &c->t_.raw[static_cast<int>(Table::kXattrs)]},
+      {"content_meta", &c->t_.raw[static_cast<int>(Table::kContentMeta)]}};
   for (const auto& [name, dbi] : tables) {
     rc = mdb_dbi_open(txn, name, MDB_CREATE, dbi);
     if (rc != 0) {
@@ -361,6 +375,8 @@ Status Catalog::WriteTxn::DeleteContent(ContentId id) {
   for (uint64_t offset : offsets) {
     CKPTFS_RETURN_IF_ERROR(LmdbDel(txn_, t_.content_chunks, RefKey(id, offset).val()));
   }
+  CKPTFS_RETURN_IF_ERROR(
+      LmdbDel(txn_, t_.raw[static_cast<int>(Table::kContentMeta)], Key64(id).val()));
   return LmdbDel(txn_, t_.contents, Key64(id).val());
 }
 

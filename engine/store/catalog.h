@@ -8,6 +8,7 @@
 //   content_chunks  content id, offset -> ChunkRef (the chunk that starts at that offset)
 //   names           UTF-8 name         -> content id (the CLI's put/get namespace)
 //   meta            key                -> u64 (counters such as the next content id)
+//   content_meta    content id (BE64)  -> the content's layout (format/layout.h), if recognized
 //   inodes, dirents, xattrs             -> rows of the filesystem namespace (engine/namespace/),
 //                                          reached through the raw-bytes Table API below
 //
@@ -29,6 +30,7 @@
 #include <string>
 
 #include "engine/codec/codec.h"
+#include "engine/codec/piece_codec.h"
 #include "engine/hash/chunk_id.h"
 #include "engine/util/status.h"
 
@@ -43,7 +45,15 @@ struct ChunkRow {
   uint32_t raw_len = 0;
   Codec codec = Codec::kNone;
   uint64_t checksum = 0;  // XXH3-64 of the payload
-  uint64_t refcount = 0;  // content references; 0 means garbage for the next gc
+  // References from contents, plus one from each delta chunk whose base this is; 0 means
+  // garbage for the next gc.
+  uint64_t refcount = 0;
+  Transform transform = Transform::kPlain;  // how the record encodes the raw bytes
+  uint8_t width = 1;                        // element width of the planes
+  ChunkId base;                             // the delta base, when IsDelta(transform)
+  // Records decoded to rebuild the chunk, at most: 1 + the base's depth when it was written
+  // (gc may store a base whole again, which only shortens the chains above it).
+  uint8_t depth = 1;
 };
 
 struct PackRow {
@@ -57,7 +67,7 @@ struct ContentRow {
 };
 
 // Tables whose rows other modules encode themselves (keys sort bytewise).
-enum class Table { kInodes, kDirents, kXattrs };
+enum class Table { kInodes, kDirents, kXattrs, kContentMeta };
 
 struct ChunkRef {
   uint64_t offset = 0;  // in the content
@@ -82,7 +92,7 @@ class Catalog {
  private:
   struct Tables {
     MDB_dbi chunks, packs, contents, content_chunks, names, meta;
-    MDB_dbi raw[3];  // indexed by Table
+    MDB_dbi raw[4];  // indexed by Table
   };
   Catalog() = default;
   MDB_env* env_ = nullptr;
@@ -135,7 +145,8 @@ class Catalog::WriteTxn : public ReadTxn {
   Status PutPack(uint32_t pack_id, const PackRow& row);
   Status DeletePack(uint32_t pack_id);
   Status PutContent(ContentId id, const ContentRow& row);
-  // Deletes the content row and all its chunk refs (refcounts are the caller's business).
+  // Deletes the content row, its chunk refs and its meta row (refcounts are the caller's
+  // business).
   Status DeleteContent(ContentId id);
   Status PutChunkRef(ContentId content, const ChunkRef& ref);
   Status PutName(std::string_view name, ContentId id);

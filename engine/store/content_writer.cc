@@ -1,5 +1,6 @@
 #include "engine/store/content_writer.h"
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 
@@ -12,10 +13,23 @@ ContentWriter::ContentWriter(Store* store, std::optional<ContentId> base, uint64
       base_(base),
       base_size_(base_size),
       cdc_(store->options().chunking),
+      piece_bytes_(std::clamp<size_t>(store->options().tensor_piece_bytes, 1,
+                                      store->options().chunking.max_size)),
       size_(base_size),
       chunk_start_(base_size) {
-  // An appender's bytes do not start a file: only a writer of a whole content looks for a zip.
-  if (base_size == 0 && store->options().format_aware_chunking) zip_.emplace();
+  // An appender's bytes do not start a file: only a writer of a whole content has a layout.
+  if (base_size == 0 && store->options().format_aware_chunking) scanner_.emplace();
+}
+
+Status ContentWriter::SetReference(ContentId previous) {
+  if (size_ != 0 || base_) return Status::InvalidArgument("SetReference after the first bytes");
+  CKPTFS_ASSIGN_OR_RETURN(std::optional<ContentLayout> layout, store_->GetLayout(previous));
+  reference_sections_.clear();
+  reference_.reset();
+  if (!layout || store_->options().max_delta_chain <= 1) return Status::OK();
+  for (const LayoutSection& s : layout->sections) reference_sections_.emplace(std::string(SectionKey(s.name)), s.start);
+  reference_ = previous;
+  return Status::OK();
 }
 
 ContentWriter::~ContentWriter() {
@@ -28,13 +42,20 @@ Status ContentWriter::Append(Bytes data) {
     if (!error_.ok()) return error_;
   }
   while (!data.empty()) {
-    // The cutter stops where it learns of a record boundary, which may lie a few bytes back.
-    const size_t n = zip_ ? zip_->Scan(data) : data.size();
+    // The scanner stops where it learns of a section boundary, which may lie a few bytes back.
+    const size_t n = scanner_ ? scanner_->Scan(data) : data.size();
     AppendChunked(data.first(n));
     data = data.subspan(n);
-    if (!zip_) continue;
-    if (zip_->AtCut()) CutAt(zip_->cut());
-    if (zip_->done()) zip_.reset();
+    if (!scanner_) continue;
+    if (scanner_->AtBoundary()) {
+      std::optional<Piece> next;
+      if (const LayoutSection* s = scanner_->section()) next = Piece{s->name, s->start, s->width()};
+      CutAt(scanner_->boundary(), std::move(next));
+    }
+    if (scanner_->done()) {
+      layout_ = scanner_->TakeLayout();
+      scanner_.reset();
+    }
   }
   return Status::OK();
 }
@@ -44,7 +65,11 @@ void ContentWriter::AppendChunked(Bytes data) {
   while (!data.empty()) {
     size_t n;
     bool cut;
-    if (mode_ == CutMode::kContentDefined) {
+    if (mode_ == CutMode::kContentDefined && piece_) {
+      // Fixed pieces from the section's start.
+      n = std::min(data.size(), piece_bytes_ - current_.size());
+      cut = current_.size() + n == piece_bytes_;
+    } else if (mode_ == CutMode::kContentDefined) {
       n = cdc_.Scan(data);
       cut = cdc_.AtCut();
     } else {
@@ -59,16 +84,21 @@ void ContentWriter::AppendChunked(Bytes data) {
   }
 }
 
-void ContentWriter::CutAt(uint64_t offset) {
-  if (offset <= chunk_start_ || offset > size_) return;
+void ContentWriter::CutAt(uint64_t offset, std::optional<Piece> next) {
+  const size_t lag = static_cast<size_t>(size_ - offset);
+  std::array<std::byte, LayoutScanner::kMaxBoundaryLag> after;
+  if (offset <= chunk_start_ || offset > size_ || lag > after.size()) {
+    // A chunk already ends there (or, for an end learned late, a fixed piece ran past it:
+    // the bytes after the cut are in a chunk of their own already).
+    piece_ = std::move(next);
+    return;
+  }
   const size_t keep = static_cast<size_t>(offset - chunk_start_);
-  std::array<std::byte, TorchZipCutter::kMaxCutLag> after;
-  const size_t lag = current_.size() - keep;
-  if (lag > after.size()) return;  // cannot happen: cuts are learned at most kMaxCutLag late
   std::memcpy(after.data(), current_.data() + keep, lag);
   current_.Resize(keep);
   size_ -= lag;
   Submit();
+  piece_ = std::move(next);
   // Fewer than min_size bytes: FastCDC starts the next chunk with them and cannot cut there.
   AppendChunked({after.data(), lag});
 }
@@ -91,15 +121,33 @@ void ContentWriter::Submit() {
     slot = &slots_.back();  // deque: stays valid as more slots are added
     ++pending_;
   }
+  // Where the same piece lies in the reference content, if it has the section.
+  std::optional<uint64_t> ref_offset;
+  uint8_t width = 1;
+  if (piece_) {
+    width = piece_->width;
+    auto it = reference_sections_.find(std::string(SectionKey(piece_->name)));
+    if (it != reference_sections_.end()) ref_offset = it->second + (chunk_start_ - piece_->start);
+  }
+  const bool in_section = piece_.has_value();
   chunk_start_ += bytes;
   store_->inflight_.Acquire(bytes);  // backpressure
   // std::function must be copyable: the task shares ownership of the chunk.
   auto owned = std::make_shared<Buffer>(std::move(chunk));
-  store_->pool_->Submit([this, slot, bytes, owned] {
+  store_->pool_->Submit([this, slot, bytes, owned, ref_offset, width, in_section] {
     ChunkId id = ChunkId::Of(owned->bytes());
-    Result<ChunkRow> row = store_->PutChunk(id, std::move(*owned));
+    Store::PieceHint hint;
+    hint.width = width;
+    // Tensor pieces of a file that has a predecessor are the next version's delta bases.
+    hint.cache = in_section && store_->options().max_delta_chain > 1;
+    if (ref_offset) {
+      hint.base = store_->PinDeltaBase(*reference_, *ref_offset, static_cast<uint32_t>(bytes));
+      if (hint.base && hint.base->first == id) hint.cache = false;  // unchanged: dedup
+    }
+    Result<ChunkRow> row = store_->PutChunk(id, std::move(*owned), hint);
     store_->inflight_.Release(bytes);
     std::lock_guard lock(mu_);
+    if (hint.base) slot->base = hint.base->first;
     slot->ref.id = id;
     if (row.ok()) {
       slot->row = *row;
@@ -120,6 +168,7 @@ void ContentWriter::Abandon() {
   WaitIdle();
   for (const Slot& s : slots_) {
     if (s.pinned) store_->Unpin(s.ref.id);
+    if (s.base) store_->Unpin(*s.base);
   }
   slots_.clear();
   finished_ = true;
@@ -173,7 +222,13 @@ Result<ContentId> ContentWriter::Finish(const CommitHook& hook) {
   std::vector<std::pair<ChunkRef, ChunkRow>> refs;
   refs.reserve(slots_.size());
   for (const Slot& s : slots_) refs.emplace_back(s.ref, s.row);
-  Result<ContentId> id = store_->CommitContent(base_, refs, size_, hook);
+  if (scanner_) {
+    layout_ = scanner_->TakeLayout();
+    scanner_.reset();
+  }
+  const std::string layout =
+      layout_.format != ContentLayout::Format::kNone ? layout_.Encode() : std::string();
+  Result<ContentId> id = store_->CommitContent(base_, refs, size_, layout, hook);
   Abandon();  // unpins: the catalog now holds the references (or the commit failed)
   return id;
 }

@@ -12,10 +12,16 @@
 //   CKPTFS_ASSIGN_OR_RETURN(ContentId id, w->Finish());
 //
 // In kContentDefined mode, with the store's format_aware_chunking, a writer that starts a
-// content (not an appender) also ends a chunk wherever the record data of a torch.save zip
-// starts and ends (format/torch_zip.h), with FastCDC inside the records; for bytes that are not
-// such a zip this is plain FastCDC. Chunks depend only on the bytes, not on how Append()
-// splits them.
+// content (not an appender) learns the file's layout as it streams (format/layout.h): chunks
+// end wherever a section (a torch.save zip record, a safetensors tensor) starts and ends, a
+// section is cut into fixed pieces of StoreOptions::tensor_piece_bytes counted from its start,
+// and each piece carries its element width (byte planes). Bytes outside sections, and files of
+// no known format, are cut by FastCDC. Chunks depend only on the bytes, not on how Append()
+// splits them. The layout is committed with the content.
+//
+// SetReference(previous) names the same file in the previous version: a piece whose section
+// (by name) and offset within it match a chunk of the same length there may be stored as a
+// delta against that chunk (Store: max_delta_chain).
 //
 // Finish() waits for the pipeline, makes the records durable and commits the content; a hook
 // runs inside that same catalog transaction (to bind the content to a name or inode). A writer
@@ -33,9 +39,11 @@
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <string>
+#include <unordered_map>
 
 #include "engine/chunk/fastcdc.h"
-#include "engine/format/torch_zip.h"
+#include "engine/format/layout.h"
 #include "engine/store/catalog.h"
 #include "engine/util/buffer.h"
 #include "engine/util/status.h"
@@ -56,13 +64,15 @@ class ContentWriter {
   ContentWriter(const ContentWriter&) = delete;
   ContentWriter& operator=(const ContentWriter&) = delete;
 
+  // Deltas against `previous` (see above). REQUIRES: before the first Append.
+  Status SetReference(ContentId previous);
   Status Append(Bytes data);
   // Ends the current chunk here (no-op at a chunk boundary).
   Status Cut();
   // kCallerOnly also ends format-aware cuts for the rest of the content.
   void SetCutMode(CutMode mode) {
     mode_ = mode;
-    if (mode != CutMode::kContentDefined) zip_.reset();
+    if (mode != CutMode::kContentDefined) scanner_.reset();
   }
   uint64_t size() const { return size_; }
   // Reads bytes [offset, offset + out.size()) of what was written so far; short at the end.
@@ -77,13 +87,21 @@ class ContentWriter {
     ChunkRef ref;
     ChunkRow row;
     bool pinned = false;
+    std::optional<ChunkId> base;  // a pinned delta base candidate
+  };
+  // The section the chunk being filled belongs to.
+  struct Piece {
+    std::string name;
+    uint64_t start = 0;  // of the section
+    uint8_t width = 1;
   };
   ContentWriter(Store* store, std::optional<ContentId> base, uint64_t base_size);
   // Cuts in mode_ (FastCDC or the maximum size), appending to current_.
   void AppendChunked(Bytes data);
-  // Ends the current chunk at `offset`, at most TorchZipCutter::kMaxCutLag bytes before size_;
-  // the bytes after it start the next chunk. No-op if a chunk already ends at or after it.
-  void CutAt(uint64_t offset);
+  // Ends the current chunk at `offset`, at most LayoutScanner::kMaxBoundaryLag bytes before
+  // size_; the bytes after it start the next chunk, which belongs to `next` (a section, or
+  // none). Only switches sections if a chunk already ends at or after `offset`.
+  void CutAt(uint64_t offset, std::optional<Piece> next);
   void Submit();
   void WaitIdle();
   void Abandon();
@@ -92,7 +110,12 @@ class ContentWriter {
   const std::optional<ContentId> base_;
   const uint64_t base_size_;
   FastCdc cdc_;
-  std::optional<TorchZipCutter> zip_;  // while format-aware cuts may still come
+  const size_t piece_bytes_;
+  std::optional<LayoutScanner> scanner_;  // while format-aware cuts may still come
+  ContentLayout layout_;                  // once the scanner is done
+  std::optional<Piece> piece_;            // the section of the chunk being filled
+  std::optional<ContentId> reference_;
+  std::unordered_map<std::string, uint64_t> reference_sections_;  // SectionKey -> start
   CutMode mode_ = CutMode::kContentDefined;
   Buffer current_;
   uint64_t size_ = 0;

@@ -1,4 +1,6 @@
-// Store::Gc: drops unreferenced chunks, then rewrites packs whose live fraction is low.
+// Store::Gc: drops unreferenced chunks (and then the delta bases only they referred to), stores
+// whole again the deltas whose bases only deltas refer to (so that deleting old versions frees
+// their chains), then rewrites packs whose live fraction is low.
 //
 // Crash safety: every step is one catalog transaction. Copies of live records are appended
 // and synced before the transaction that points the chunks at them; a victim pack file is
@@ -9,6 +11,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <unordered_map>
 
 #include "engine/store/record.h"
 #include "engine/store/store.h"
@@ -30,10 +33,13 @@ Result<GcReport> Store::Gc(const GcOptions& options) {
       if (row.refcount == 0 && pinned_.count(id) == 0) dead.push_back(id);
       return true;
     }));
-    for (const ChunkId& id : dead) CKPTFS_RETURN_IF_ERROR(txn.DeleteChunk(id));
+    CKPTFS_RETURN_IF_ERROR(DropChunksInTxn(txn, std::move(dead), &report));
     CKPTFS_RETURN_IF_ERROR(txn.Commit());
-    report.chunks_dropped = dead.size();
   }
+
+  // 1b. Bases that only deltas still refer to (their versions were deleted): the deltas on
+  // them that contents use are stored whole again, and the chains below them go.
+  CKPTFS_RETURN_IF_ERROR(RematerializeOrphanedDeltas(&report));
 
   // 2. Live records per pack, and the packs to rewrite: mostly dead ones no writer is using.
   // Pins are read before the snapshot, under gc_mu_, where no writer is between appending a
@@ -87,10 +93,138 @@ Result<GcReport> Store::Gc(const GcOptions& options) {
     }
   }
   report.pack_bytes_after = PackBytesOnDisk();
-  spdlog::info("gc: dropped {} chunks, moved {} records, deleted {} packs, {} -> {} bytes",
-               report.chunks_dropped, report.records_moved, report.packs_deleted,
+  spdlog::info(
+      "gc: dropped {} chunks, stored {} deltas whole, moved {} records, deleted {} packs, {} -> "
+      "{} bytes",
+      report.chunks_dropped, report.deltas_rematerialized, report.records_moved,
+      report.packs_deleted,
                report.pack_bytes_before, report.pack_bytes_after);
   return report;
+}
+
+Status Store::DropChunksInTxn(Catalog::WriteTxn& txn, std::vector<ChunkId> dead,
+                              GcReport* report) {
+  // A dropped delta releases its base, which may go in turn. REQUIRES: mu_ held.
+  while (!dead.empty()) {
+    const ChunkId id = dead.back();
+    dead.pop_back();
+    CKPTFS_ASSIGN_OR_RETURN(std::optional<ChunkRow> row, txn.GetChunk(id));
+    if (!row) continue;
+    CKPTFS_RETURN_IF_ERROR(txn.DeleteChunk(id));
+    ++report->chunks_dropped;
+    if (!IsDelta(row->transform)) continue;
+    CKPTFS_ASSIGN_OR_RETURN(std::optional<ChunkRow> base, txn.GetChunk(row->base));
+    if (!base || base->refcount == 0) continue;  // verify reports such a base
+    if (--base->refcount == 0 && pinned_.count(row->base) == 0) dead.push_back(row->base);
+    CKPTFS_RETURN_IF_ERROR(txn.PutChunk(row->base, *base));
+  }
+  return Status::OK();
+}
+
+Status Store::RematerializeOrphanedDeltas(GcReport* report) {
+  // Which chunks are referenced by deltas only, and which deltas contents use rest on them.
+  std::vector<std::pair<ChunkId, ChunkRow>> todo;
+  {
+    std::shared_lock gc(gc_mu_);
+    CKPTFS_ASSIGN_OR_RETURN(auto txn, catalog_->BeginRead());
+    std::unordered_map<ChunkId, uint64_t> children;
+    std::vector<std::pair<ChunkId, ChunkRow>> deltas;
+    std::unordered_map<ChunkId, uint64_t> refcounts;
+    CKPTFS_RETURN_IF_ERROR(txn.ForEachChunk([&](const ChunkId& id, const ChunkRow& row) {
+      refcounts[id] = row.refcount;
+      if (IsDelta(row.transform)) {
+        ++children[row.base];
+        deltas.emplace_back(id, row);
+      }
+      return true;
+    }));
+    auto only_deltas = [&](const ChunkId& id) {
+      auto it = children.find(id);
+      return it != children.end() && refcounts[id] == it->second;
+    };
+    for (const auto& [id, row] : deltas) {
+      if (only_deltas(row.base) && !only_deltas(id)) todo.emplace_back(id, row);
+    }
+  }
+  // In batches: decode, store whole, then one transaction repoints the batch.
+  constexpr uint64_t kBatchRawBytes = 256u << 20;
+  for (size_t i = 0; i < todo.size();) {
+    std::vector<std::pair<ChunkId, ChunkRow>> batch;  // old row, new row
+    std::vector<ChunkRow> fresh;
+    uint64_t bytes = 0;
+    for (; i < todo.size() && bytes < kBatchRawBytes; ++i) {
+      const auto& [id, row] = todo[i];
+      Result<Buffer> raw = [&]() -> Result<Buffer> {
+        std::shared_lock gc(gc_mu_);
+        return DecodeRecord(id, row, nullptr);
+      }();
+      if (!raw.ok()) {
+        report->skipped.push_back("chunk " + id.ShortHex() + ": " + raw.status().message());
+        continue;
+      }
+      EncodedPiece piece = EncodePiece(options_.codec, raw->bytes(), row.width, nullptr);
+      RecordHeader header;
+      header.codec = piece.encoding.codec;
+      header.SetEncoding(piece.encoding.transform, piece.encoding.width);
+      header.raw_len = row.raw_len;
+      header.id = id;
+      Buffer payload = piece.stored_raw() ? std::move(*raw) : std::move(piece.stored);
+      header.stored_len = static_cast<uint32_t>(payload.size());
+      header.payload_checksum = Checksum64(payload.bytes());
+      CKPTFS_ASSIGN_OR_RETURN(PackLocation loc, packs_->Append(header, std::move(payload)));
+      ChunkRow whole = row;
+      whole.pack_id = loc.pack_id;
+      whole.offset = loc.offset;
+      whole.length = loc.length;
+      whole.codec = header.codec;
+      whole.checksum = header.payload_checksum;
+      whole.transform = piece.encoding.transform;
+      whole.width = piece.encoding.width;
+      whole.base = ChunkId{};
+      whole.depth = 1;
+      bytes += row.raw_len;
+      batch.emplace_back(id, row);
+      fresh.push_back(whole);
+    }
+    Status synced = packs_->Sync();
+    for (const ChunkRow& row : fresh) {
+      if (!packs_->IsDurable(PackLocation{row.pack_id, row.offset, row.length})) {
+        return synced.ok() ? Status::IOError("gc copy lost") : synced;
+      }
+    }
+    std::unique_lock gc(gc_mu_);
+    std::lock_guard lock(mu_);
+    CKPTFS_ASSIGN_OR_RETURN(auto txn, catalog_->BeginWrite());
+    std::map<uint32_t, uint64_t> pack_ends;
+    std::vector<ChunkId> dead;
+    for (size_t k = 0; k < batch.size(); ++k) {
+      const auto& [id, old] = batch[k];
+      CKPTFS_ASSIGN_OR_RETURN(std::optional<ChunkRow> row, txn.GetChunk(id));
+      // Skipped if it changed since (dropped meanwhile) or a writer holds it pinned.
+      if (!row || row->pack_id != old.pack_id || row->offset != old.offset ||
+          pinned_.count(id) != 0) {
+        continue;
+      }
+      ChunkRow whole = fresh[k];
+      whole.refcount = row->refcount;
+      CKPTFS_RETURN_IF_ERROR(txn.PutChunk(id, whole));
+      uint64_t& end = pack_ends[whole.pack_id];
+      end = std::max(end, whole.offset + whole.length);
+      ++report->deltas_rematerialized;
+      CKPTFS_ASSIGN_OR_RETURN(std::optional<ChunkRow> base, txn.GetChunk(old.base));
+      if (!base || base->refcount == 0) continue;
+      if (--base->refcount == 0 && pinned_.count(old.base) == 0) dead.push_back(old.base);
+      CKPTFS_RETURN_IF_ERROR(txn.PutChunk(old.base, *base));
+    }
+    for (const auto& [pack_id, end] : pack_ends) {
+      CKPTFS_ASSIGN_OR_RETURN(std::optional<PackRow> prow, txn.GetPack(pack_id));
+      CKPTFS_RETURN_IF_ERROR(
+          txn.PutPack(pack_id, PackRow{std::max(prow ? prow->committed : 0, end)}));
+    }
+    CKPTFS_RETURN_IF_ERROR(DropChunksInTxn(txn, std::move(dead), report));
+    CKPTFS_RETURN_IF_ERROR(txn.Commit());
+  }
+  return Status::OK();
 }
 
 Status Store::RewritePack(uint32_t pack_id, const std::vector<std::pair<ChunkId, ChunkRow>>& live,

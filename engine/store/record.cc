@@ -41,6 +41,9 @@ Result<RecordHeader> RecordHeader::Decode(Bytes in) {
   }
   h.codec = static_cast<Codec>(codec);
   h.flags = GetLE<uint16_t>(p + 6);
+  if ((h.flags & 0xff80) != 0 || h.transform() > Transform::kSub) {
+    return Status::Corruption("record flags name an unknown encoding");
+  }
   h.raw_len = GetLE<uint32_t>(p + 8);
   h.stored_len = GetLE<uint32_t>(p + 12);
   std::memcpy(h.id.bytes.data(), p + 16, 32);

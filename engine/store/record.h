@@ -7,13 +7,15 @@
 //   0      4     magic "CKRC"
 //   4      1     header version (1)
 //   5      1     codec (Codec)
-//   6      2     flags (reserved, 0)
+//   6      2     flags: bits 0-3 transform, bits 4-6 element width - 1 (piece_codec.h)
 //   8      4     raw length (bytes after decoding)
 //   12     4     stored length (payload bytes that follow the header)
 //   16     32    chunk id (SHA-256 of the raw bytes)
 //   48     8     XXH3-64 of the payload
 //   56     8     XXH3-64 of header bytes 0..55
 //
+// The payload is the codec's output for the plain transform, else a planes container; a delta
+// (xor/sub) payload starts with the 32-byte id of its base chunk.
 // A record is self-describing, so verify and recovery can walk a pack without the catalog.
 #pragma once
 
@@ -21,6 +23,7 @@
 #include <string>
 
 #include "engine/codec/codec.h"
+#include "engine/codec/piece_codec.h"
 #include "engine/hash/chunk_id.h"
 #include "engine/util/buffer.h"
 #include "engine/util/status.h"
@@ -41,9 +44,15 @@ struct RecordHeader {
   ChunkId id;
   uint64_t payload_checksum = 0;
 
+  Transform transform() const { return static_cast<Transform>(flags & 0xf); }
+  uint8_t width() const { return static_cast<uint8_t>(((flags >> 4) & 0x7) + 1); }
+  void SetEncoding(Transform t, uint8_t width) {
+    flags = static_cast<uint16_t>(static_cast<uint16_t>(t) | ((width - 1) & 0x7) << 4);
+  }
+
   void EncodeTo(std::byte out[kRecordHeaderBytes]) const;
-  // Returns Corruption when the magic, version or header checksum is wrong or a length is
-  // out of bounds.
+  // Returns Corruption when the magic, version or header checksum is wrong, a length is out of
+  // bounds or the flags name an unknown encoding.
   static Result<RecordHeader> Decode(Bytes in);
 };
 

@@ -12,6 +12,7 @@
 
 #include "engine/store/content_writer.h"
 #include "engine/store/record.h"
+#include "engine/util/coding.h"
 
 namespace ckptfs {
 namespace {
@@ -27,6 +28,15 @@ uint64_t NowUnixNs() {
 
 std::string Where(uint32_t pack_id, uint64_t offset) {
   return "pack " + PackFileName(pack_id) + " offset " + std::to_string(offset);
+}
+
+// Chains longer than any configuration allows are corruption (or a cycle).
+constexpr int kMaxDecodeDepth = 255;
+
+std::string ContentMetaKey(ContentId id) {
+  std::string key(8, '\0');
+  PutBE64(key.data(), id);
+  return key;
 }
 
 // Reads or creates ckptfs.json; returns the chunking parameters the store was created with.
@@ -54,6 +64,13 @@ Result<FastCdc::Params> LoadConfig(const std::filesystem::path& dir, const Store
     return Status::NotSupported("the store at " + dir.string() + " has format " +
                                 std::to_string(format) + "; this ckptfs reads formats up to " +
                                 std::to_string(kStoreFormatVersion) + ": upgrade ckptfs");
+  }
+  if (format < kStoreFormatVersion) {
+    // Older stores read as they are; what this version writes needs the newer format.
+    spdlog::info("upgrading the store at {} from format {} to {}", dir.string(), format,
+                 kStoreFormatVersion);
+    config["format"] = kStoreFormatVersion;
+    CKPTFS_RETURN_IF_ERROR(WriteFileAtomic(path, config.dump(2) + "\n"));
   }
   FastCdc::Params p;
   if (config.contains("chunking")) {
@@ -191,49 +208,102 @@ Result<std::unique_ptr<ContentWriter>> Store::NewAppender(ContentId base) {
   return std::unique_ptr<ContentWriter>(new ContentWriter(this, base, row.size));
 }
 
-Result<ChunkRow> Store::PutChunk(const ChunkId& id, Buffer raw) {
+Result<std::optional<ChunkRow>> Store::PinIfStored(const ChunkId& id) {
+  std::shared_lock gc(gc_mu_);
+  {
+    std::lock_guard lock(mu_);
+    auto it = pinned_.find(id);
+    if (it != pinned_.end()) {
+      ++it->second.pins;
+      return std::optional<ChunkRow>(it->second.row);
+    }
+  }
+  CKPTFS_ASSIGN_OR_RETURN(auto txn, catalog_->BeginRead());
+  CKPTFS_ASSIGN_OR_RETURN(std::optional<ChunkRow> row, txn.GetChunk(id));
+  if (!row) return row;
+  std::lock_guard lock(mu_);
+  Pinned& p = pinned_[id];
+  if (p.pins++ == 0) p.row = *row;
+  return std::optional<ChunkRow>(p.row);
+}
+
+std::optional<std::pair<ChunkId, ChunkRow>> Store::PinDeltaBase(ContentId content,
+                                                                uint64_t offset,
+                                                                uint32_t length) {
+  std::optional<ChunkRef> ref;
   {
     std::shared_lock gc(gc_mu_);
-    {
-      std::lock_guard lock(mu_);
-      auto it = pinned_.find(id);
-      if (it != pinned_.end()) {
-        ++it->second.pins;
-        return it->second.row;
-      }
+    auto txn = catalog_->BeginRead();
+    if (!txn.ok()) return std::nullopt;
+    auto at = txn->ChunkAt(content, offset);
+    if (!at.ok() || !*at || (*at)->offset != offset || (*at)->length != length) {
+      return std::nullopt;
     }
-    CKPTFS_ASSIGN_OR_RETURN(auto txn, catalog_->BeginRead());
-    CKPTFS_ASSIGN_OR_RETURN(std::optional<ChunkRow> row, txn.GetChunk(id));
-    if (row) {
-      std::lock_guard lock(mu_);
-      Pinned& p = pinned_[id];
-      if (p.pins++ == 0) p.row = *row;
-      return p.row;
+    ref = **at;
+  }
+  auto row = PinIfStored(ref->id);
+  if (!row.ok() || !*row) return std::nullopt;
+  if ((*row)->depth >= options_.max_delta_chain) {
+    Unpin(ref->id);
+    return std::nullopt;
+  }
+  return std::make_pair(ref->id, **row);
+}
+
+Result<ChunkRow> Store::PutChunk(const ChunkId& id, Buffer raw, const PieceHint& hint) {
+  CKPTFS_ASSIGN_OR_RETURN(std::optional<ChunkRow> stored, PinIfStored(id));
+  if (stored) return *stored;
+  std::shared_ptr<const Buffer> base;
+  if (hint.base && hint.base->second.raw_len == raw.size() &&
+      hint.base->second.depth < options_.max_delta_chain) {
+    auto loaded = LoadChunk(hint.base->first, hint.base->second);  // pinned: cannot move
+    if (loaded.ok()) {
+      base = *loaded;
+    } else {
+      spdlog::warn("chunk {} is stored without a delta: its base {} did not load: {}",
+                   id.ShortHex(), hint.base->first.ShortHex(), loaded.status().ToString());
     }
   }
-  Buffer stored;
+  EncodedPiece piece = EncodePiece(options_.codec, raw.bytes(), hint.width, base.get());
+  const bool delta = IsDelta(piece.encoding.transform);
   RecordHeader header;
+  header.codec = piece.encoding.codec;
+  header.SetEncoding(piece.encoding.transform, piece.encoding.width);
   header.raw_len = static_cast<uint32_t>(raw.size());
-  if (TryCompress(options_.codec, raw.bytes(), &stored)) {
-    header.codec = options_.codec.codec;
-  } else {
-    header.codec = Codec::kNone;
-    stored = std::move(raw);  // stored as it is: no copy
-  }
-  header.stored_len = static_cast<uint32_t>(stored.size());
   header.id = id;
-  header.payload_checksum = Checksum64(stored.bytes());
+  Buffer payload;
+  if (delta) {
+    payload = Buffer(kChunkIdBytes + piece.stored.size());
+    std::memcpy(payload.data(), hint.base->first.bytes.data(), kChunkIdBytes);
+    std::memcpy(payload.data() + kChunkIdBytes, piece.stored.data(), piece.stored.size());
+  } else if (!piece.stored_raw()) {
+    payload = std::move(piece.stored);
+  }
+  if (hint.cache) {
+    if (payload.empty() && !raw.empty()) payload = Buffer(raw.bytes());  // raw is cached too
+    cache_.Insert(id, std::make_shared<const Buffer>(std::move(raw)));
+  } else if (payload.empty()) {
+    payload = std::move(raw);  // stored as it is: no copy
+  }
+  header.stored_len = static_cast<uint32_t>(payload.size());
+  header.payload_checksum = Checksum64(payload.bytes());
   // Appended and pinned under gc_mu_, so that gc never finds a record neither pinned nor
   // committed in a pack it is about to rewrite.
   std::shared_lock gc(gc_mu_);
-  CKPTFS_ASSIGN_OR_RETURN(PackLocation loc, packs_->Append(header, std::move(stored)));
-  ChunkRow row{loc.pack_id,
-               loc.offset,
-               loc.length,
-               header.raw_len,
-               header.codec,
-               header.payload_checksum,
-               0};
+  CKPTFS_ASSIGN_OR_RETURN(PackLocation loc, packs_->Append(header, std::move(payload)));
+  ChunkRow row;
+  row.pack_id = loc.pack_id;
+  row.offset = loc.offset;
+  row.length = loc.length;
+  row.raw_len = header.raw_len;
+  row.codec = header.codec;
+  row.checksum = header.payload_checksum;
+  row.transform = piece.encoding.transform;
+  row.width = piece.encoding.width;
+  if (delta) {
+    row.base = hint.base->first;
+    row.depth = static_cast<uint8_t>(hint.base->second.depth + 1);
+  }
   std::lock_guard lock(mu_);
   Pinned& p = pinned_[id];
   if (p.pins++ == 0) p.row = row;  // else another writer stored it too: share the first copy
@@ -248,7 +318,7 @@ void Store::Unpin(const ChunkId& id) {
 
 Result<ContentId> Store::CommitContent(
     std::optional<ContentId> base, const std::vector<std::pair<ChunkRef, ChunkRow>>& refs,
-    uint64_t size,
+    uint64_t size, const std::string& layout,
     const std::function<Status(Catalog::WriteTxn&, ContentId)>& hook) {
   Status synced = packs_->Sync();
   CKPTFS_ASSIGN_OR_RETURN(auto txn, catalog_->BeginWrite());
@@ -292,6 +362,16 @@ Result<ContentId> Store::CommitContent(
       row->refcount = 0;
       uint64_t& end = pack_ends[loc.pack_id];
       end = std::max(end, loc.offset + loc.length);
+      if (IsDelta(row->transform)) {
+        // The base is pinned by the writer, so it is still in the catalog.
+        CKPTFS_ASSIGN_OR_RETURN(std::optional<ChunkRow> base_row, txn.GetChunk(row->base));
+        if (!base_row) {
+          return Status::Corruption("the delta base " + row->base.ShortHex() + " of chunk " +
+                                    ref.id.ShortHex() + " is missing");
+        }
+        ++base_row->refcount;
+        CKPTFS_RETURN_IF_ERROR(txn.PutChunk(row->base, *base_row));
+      }
     }
     ++row->refcount;
     CKPTFS_RETURN_IF_ERROR(txn.PutChunk(ref.id, *row));
@@ -302,6 +382,9 @@ Result<ContentId> Store::CommitContent(
     CKPTFS_RETURN_IF_ERROR(txn.PutPack(pack_id, PackRow{committed}));
   }
   CKPTFS_RETURN_IF_ERROR(txn.PutContent(id, ContentRow{size, chunk_count, NowUnixNs()}));
+  if (!layout.empty()) {
+    CKPTFS_RETURN_IF_ERROR(txn.Put(Table::kContentMeta, ContentMetaKey(id), layout));
+  }
   if (hook) CKPTFS_RETURN_IF_ERROR(hook(txn, id));
   CKPTFS_RETURN_IF_ERROR(txn.Commit());
   return id;
@@ -312,6 +395,38 @@ Result<ContentRow> Store::StatContent(ContentId id) const {
   CKPTFS_ASSIGN_OR_RETURN(std::optional<ContentRow> row, txn.GetContent(id));
   if (!row) return Status::NotFound("content " + std::to_string(id) + " does not exist");
   return *row;
+}
+
+Result<std::optional<ContentLayout>> Store::GetLayout(ContentId id) const {
+  CKPTFS_ASSIGN_OR_RETURN(auto txn, catalog_->BeginRead());
+  CKPTFS_ASSIGN_OR_RETURN(std::optional<std::string> row,
+                          txn.Get(Table::kContentMeta, ContentMetaKey(id)));
+  if (!row) return std::optional<ContentLayout>();
+  CKPTFS_ASSIGN_OR_RETURN(ContentLayout layout, ContentLayout::Decode(*row));
+  return std::optional<ContentLayout>(std::move(layout));
+}
+
+Result<ContentEncoding> Store::DescribeContent(ContentId id) const {
+  CKPTFS_ASSIGN_OR_RETURN(auto txn, catalog_->BeginRead());
+  CKPTFS_ASSIGN_OR_RETURN(std::optional<ContentRow> content, txn.GetContent(id));
+  if (!content) return Status::NotFound("content " + std::to_string(id) + " does not exist");
+  ContentEncoding e;
+  Status err;
+  CKPTFS_RETURN_IF_ERROR(txn.ForEachChunkRef(id, 0, [&](const ChunkRef& ref) {
+    auto row = txn.GetChunk(ref.id);
+    if (!row.ok() || !*row) {
+      err = row.ok() ? Status::Corruption("content refers to a missing chunk") : row.status();
+      return false;
+    }
+    ++e.chunks;
+    e.raw_bytes += (*row)->raw_len;
+    e.record_bytes += (*row)->length;
+    ++e.chunks_by_transform[static_cast<size_t>((*row)->transform) & 3];
+    e.max_depth = std::max<uint32_t>(e.max_depth, (*row)->depth);
+    return true;
+  }));
+  CKPTFS_RETURN_IF_ERROR(err);
+  return e;
 }
 
 Result<size_t> Store::Read(ContentId id, uint64_t offset, MutableBytes out) const {
@@ -412,8 +527,8 @@ Result<Buffer> Store::ReadRecord(const ChunkId& id, const ChunkRow& row) const {
   return record;
 }
 
-Result<std::shared_ptr<const Buffer>> Store::LoadChunk(const ChunkId& id,
-                                                       const ChunkRow& row) const {
+Result<std::shared_ptr<const Buffer>> Store::LoadChunk(const ChunkId& id, const ChunkRow& row,
+                                                       const DecodeChain* chain) const {
   if (auto hit = cache_.Lookup(id)) return hit;
   std::promise<LoadResult> promise;
   std::shared_future<LoadResult> pending;
@@ -430,24 +545,62 @@ Result<std::shared_ptr<const Buffer>> Store::LoadChunk(const ChunkId& id,
     LoadResult joined = pending.get();
     // The other load may have used a location gc has moved since: try ours before failing.
     if (joined.ok()) return joined;
-    return DecodeChunk(id, row);
+    return DecodeChunk(id, row, chain);
   }
-  LoadResult result = DecodeChunk(id, row);  // inserts into the cache on success
+  LoadResult result = DecodeChunk(id, row, chain);  // inserts into the cache on success
   promise.set_value(result);
   std::lock_guard lock(loading_mu_);
   loading_.erase(id);
   return result;
 }
 
-Result<std::shared_ptr<const Buffer>> Store::DecodeChunk(const ChunkId& id,
-                                                         const ChunkRow& row) const {
-  CKPTFS_ASSIGN_OR_RETURN(Buffer record, ReadRecord(id, row));
-  Buffer raw(row.raw_len);
-  Status s = Decompress(row.codec, record.bytes().subspan(kRecordHeaderBytes), raw.mutable_bytes());
-  if (!s.ok()) return Status::Corruption(Where(row.pack_id, row.offset) + ": " + s.message());
+Result<std::shared_ptr<const Buffer>> Store::DecodeChunk(const ChunkId& id, const ChunkRow& row,
+                                                         const DecodeChain* chain) const {
+  CKPTFS_ASSIGN_OR_RETURN(Buffer raw, DecodeRecord(id, row, chain));
   auto chunk = std::make_shared<const Buffer>(std::move(raw));
   cache_.Insert(id, chunk);
   return chunk;
+}
+
+Result<Buffer> Store::DecodeRecord(const ChunkId& id, const ChunkRow& row,
+                                   const DecodeChain* chain) const {
+  const std::string where = Where(row.pack_id, row.offset);
+  CKPTFS_ASSIGN_OR_RETURN(Buffer record, ReadRecord(id, row));
+  CKPTFS_ASSIGN_OR_RETURN(RecordHeader header, RecordHeader::Decode(record.bytes()));
+  if (header.transform() != row.transform || (row.transform != Transform::kPlain &&
+                                              header.width() != row.width)) {
+    return Status::Corruption(where + ": record encoding does not match the catalog");
+  }
+  Bytes payload = record.bytes().subspan(kRecordHeaderBytes);
+  const PieceEncoding encoding{header.transform(), header.width(), header.codec};
+  Buffer raw(row.raw_len);
+  std::shared_ptr<const Buffer> base;
+  if (IsDelta(encoding.transform)) {
+    ChunkId base_id;
+    if (payload.size() < kChunkIdBytes) return Status::Corruption(where + ": delta is truncated");
+    std::memcpy(base_id.bytes.data(), payload.data(), kChunkIdBytes);
+    payload = payload.subspan(kChunkIdBytes);
+    const int depth = chain ? chain->depth + 1 : 1;
+    bool cycle = base_id == id;
+    for (const DecodeChain* c = chain; c != nullptr && !cycle; c = c->outer) {
+      cycle = *c->id == base_id;
+    }
+    if (base_id != row.base || cycle || depth >= kMaxDecodeDepth) {
+      return Status::Corruption(where + ": the delta base of chunk " + id.ShortHex() +
+                                " is inconsistent (wrong id, cycle or chain too long)");
+    }
+    CKPTFS_ASSIGN_OR_RETURN(auto txn, catalog_->BeginRead());
+    CKPTFS_ASSIGN_OR_RETURN(std::optional<ChunkRow> base_row, txn.GetChunk(base_id));
+    if (!base_row) {
+      return Status::Corruption(where + ": the delta base " + base_id.ShortHex() + " of chunk " +
+                                id.ShortHex() + " is missing; run `ckptfs verify`");
+    }
+    const DecodeChain link{&id, chain, depth};
+    CKPTFS_ASSIGN_OR_RETURN(base, LoadChunk(base_id, *base_row, &link));
+  }
+  Status s = DecodePiece(encoding, payload, base ? base->bytes() : Bytes{}, raw.mutable_bytes());
+  if (!s.ok()) return Status::Corruption(where + ": " + s.message());
+  return raw;
 }
 
 Status Store::ReleaseInTxn(Catalog::WriteTxn& txn, ContentId id) {
@@ -527,6 +680,8 @@ Result<StoreStats> Store::Stats() const {
     ++st.chunks;
     st.chunk_bytes += row.raw_len;
     st.record_bytes += row.length;
+    ++st.chunks_by_transform[static_cast<size_t>(row.transform) & 3];
+    st.max_depth = std::max<uint32_t>(st.max_depth, row.depth);
     return true;
   }));
   CKPTFS_RETURN_IF_ERROR(txn.ForEachPack([&](uint32_t, const PackRow&) {

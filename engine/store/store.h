@@ -19,6 +19,10 @@
 //   before the catalog transaction that references them committed. After a crash the store
 //   opens with every committed content intact; uncommitted pack tails are cut.
 // - Every record is checksummed; a mismatch reads as Status::Corruption, never as wrong bytes.
+// - Deltas: a writer given the previous version's content (ContentWriter::SetReference) stores
+//   a changed tensor piece as a delta against the same piece there when that is smaller
+//   (codec/piece_codec.h). A chunk is rebuilt from at most max_delta_chain records; a delta
+//   holds a reference on its base, so releasing the base's content keeps the delta readable.
 // - Memory: the decoded-chunk cache (cache_bytes) plus the write pipeline (inflight_bytes, with
 //   backpressure) plus per-content chunk lists; independent of content sizes.
 // Thread-safe: any number of writers and readers; Gc() may run concurrently with both.
@@ -38,6 +42,7 @@
 
 #include "engine/chunk/fastcdc.h"
 #include "engine/codec/codec.h"
+#include "engine/format/layout.h"
 #include "engine/store/catalog.h"
 #include "engine/store/chunk_cache.h"
 #include "engine/store/pack_writer.h"
@@ -49,7 +54,8 @@ namespace ckptfs {
 
 class ContentWriter;
 
-inline constexpr uint32_t kStoreFormatVersion = 1;
+// 2: records and chunk rows may be deltas / byte planes; stores of format 1 are upgraded.
+inline constexpr uint32_t kStoreFormatVersion = 2;
 
 struct StoreOptions {
   bool create_if_missing = true;
@@ -59,6 +65,12 @@ struct StoreOptions {
   // so that a changed tensor shares no chunk with an unchanged one. Changing it changes
   // boundaries, and so dedup against contents stored with the other setting, nothing else.
   bool format_aware_chunking = true;
+  // Tensors are cut into pieces of this size (at most chunking.max_size), counted from the
+  // tensor's first byte, so that a piece lines up with the same piece of the previous version.
+  size_t tensor_piece_bytes = 1u << 20;
+  // A chunk is rebuilt from at most this many records (a full one and deltas on top of it);
+  // 1 disables deltas. Bounds the read cost of a delta-encoded version.
+  uint32_t max_delta_chain = 8;
   uint64_t pack_target_bytes = 256ull << 20;
   size_t cache_bytes = 256u << 20;    // decoded-chunk cache
   size_t inflight_bytes = 64u << 20;  // raw bytes queued for hashing/compression, all writers
@@ -74,6 +86,17 @@ struct StoreStats {
   uint64_t record_bytes = 0;   // stored bytes of those chunks' records
   uint64_t pack_bytes = 0;     // pack files on disk
   uint64_t packs = 0;
+  uint64_t chunks_by_transform[4] = {};  // indexed by Transform: plain, planes, xor, sub
+  uint32_t max_depth = 0;                 // the longest delta chain
+};
+
+// How one content's chunks are encoded (Store::DescribeContent).
+struct ContentEncoding {
+  uint64_t chunks = 0;
+  uint64_t raw_bytes = 0;
+  uint64_t record_bytes = 0;  // stored bytes of its chunks' records (shared ones counted too)
+  uint64_t chunks_by_transform[4] = {};
+  uint32_t max_depth = 0;  // records decoded for the worst chunk
 };
 
 struct GcOptions {
@@ -87,6 +110,7 @@ struct GcReport {
   uint64_t chunks_dropped = 0;
   uint64_t packs_deleted = 0;
   uint64_t records_moved = 0;
+  uint64_t deltas_rematerialized = 0;  // deltas stored whole again: their bases went
   uint64_t pack_bytes_before = 0;
   uint64_t pack_bytes_after = 0;
   std::vector<std::string> skipped;  // packs left alone, and why
@@ -116,6 +140,9 @@ class Store {
   Result<std::unique_ptr<ContentWriter>> NewAppender(ContentId base);
 
   Result<ContentRow> StatContent(ContentId id) const;
+  // The tensor layout learned when the content was written (format/layout.h), if any.
+  Result<std::optional<ContentLayout>> GetLayout(ContentId id) const;
+  Result<ContentEncoding> DescribeContent(ContentId id) const;
   // Reads up to out.size() bytes at offset; returns the count (short only at the end).
   Result<size_t> Read(ContentId id, uint64_t offset, MutableBytes out) const;
   // Loads the chunks of [offset, offset + length) into the cache in the background.
@@ -135,6 +162,7 @@ class Store {
   Result<VerifyReport> Verify() const;
   Result<StoreStats> Stats() const;
 
+
   Catalog& catalog() { return *catalog_; }
   const std::filesystem::path& dir() const { return dir_; }
   const StoreOptions& options() const { return options_; }
@@ -148,20 +176,47 @@ class Store {
     ChunkRow row;
     uint64_t pins = 0;
   };
+  // What the writer knows about a chunk beyond its bytes.
+  struct PieceHint {
+    uint8_t width = 1;  // element width of the tensor it belongs to
+    // The same piece of the previous version, pinned by the caller: a delta base candidate.
+    std::optional<std::pair<ChunkId, ChunkRow>> base;
+    bool cache = false;  // keep the raw bytes in the cache (the next version's delta base)
+  };
+  // The chunks being rebuilt by one read, innermost last: a base that is already on it is a
+  // cycle (a corrupted catalog), which must fail rather than wait for itself.
+  struct DecodeChain {
+    const ChunkId* id;
+    const DecodeChain* outer;
+    int depth;
+  };
 
   Store(std::filesystem::path dir, const StoreOptions& options);
   Status Recover();
   // Stores `raw` (unless present) and pins its row until Unpin; returns the row to reference.
-  Result<ChunkRow> PutChunk(const ChunkId& id, Buffer raw);
+  Result<ChunkRow> PutChunk(const ChunkId& id, Buffer raw, const PieceHint& hint);
+  // Pins a chunk that is stored (committed or pinned); nullopt when it is not.
+  Result<std::optional<ChunkRow>> PinIfStored(const ChunkId& id);
   void Unpin(const ChunkId& id);
-  // Durably commits a content made of `refs` (rows as PutChunk returned them).
+  // The chunk of `content` at exactly [offset, offset + length), pinned, if it may serve as a
+  // delta base (its chain leaves room for one more record).
+  std::optional<std::pair<ChunkId, ChunkRow>> PinDeltaBase(ContentId content, uint64_t offset,
+                                                           uint32_t length);
+  // Durably commits a content made of `refs` (rows as PutChunk returned them), with its layout
+  // row (empty: none).
   Result<ContentId> CommitContent(std::optional<ContentId> base,
                                   const std::vector<std::pair<ChunkRef, ChunkRow>>& refs,
-                                  uint64_t size,
+                                  uint64_t size, const std::string& layout,
                                   const std::function<Status(Catalog::WriteTxn&, ContentId)>& hook);
   // The decoded chunk, from the cache or the pack (once, however many ask at the same time).
-  Result<std::shared_ptr<const Buffer>> LoadChunk(const ChunkId& id, const ChunkRow& row) const;
-  Result<std::shared_ptr<const Buffer>> DecodeChunk(const ChunkId& id, const ChunkRow& row) const;
+  // REQUIRES: gc_mu_ held shared, or the row pinned.
+  Result<std::shared_ptr<const Buffer>> LoadChunk(const ChunkId& id, const ChunkRow& row,
+                                                  const DecodeChain* chain = nullptr) const;
+  Result<std::shared_ptr<const Buffer>> DecodeChunk(const ChunkId& id, const ChunkRow& row,
+                                                    const DecodeChain* chain) const;
+  // The raw bytes of a record (bases from the cache or their packs), not cached.
+  Result<Buffer> DecodeRecord(const ChunkId& id, const ChunkRow& row,
+                              const DecodeChain* chain) const;
   // Reads a record, checks header and payload checksums against `row`; returns header+payload.
   Result<Buffer> ReadRecord(const ChunkId& id, const ChunkRow& row) const;
   Result<std::shared_ptr<FileDescriptor>> PackFd(uint32_t pack_id) const;
@@ -169,6 +224,10 @@ class Store {
   Status RewritePack(uint32_t pack_id, const std::vector<std::pair<ChunkId, ChunkRow>>& live,
                      const GcOptions& options, GcReport* report);
   Status DeletePackFile(uint32_t pack_id);
+  // Deletes `dead` chunk rows and, in turn, the delta bases they held the last reference to.
+  // REQUIRES: gc_mu_ exclusive and mu_ held.
+  Status DropChunksInTxn(Catalog::WriteTxn& txn, std::vector<ChunkId> dead, GcReport* report);
+  Status RematerializeOrphanedDeltas(GcReport* report);
   uint64_t PackBytesOnDisk() const;
 
   const std::filesystem::path dir_;

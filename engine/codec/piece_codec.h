@@ -1,0 +1,60 @@
+// engine/codec/piece_codec.h
+//
+// Encodings of one chunk ("piece") of tensor bytes, chosen per piece by size:
+//
+//   plain   the bytes, compressed by the block codec (codec.h)
+//   planes  bytes regrouped by their position within the element (fp32: 4 planes, bf16/fp16:
+//           2), each plane compressed on its own: exponent bytes compress, mantissa noise is
+//           stored as it is
+//   xor     bit patterns XOR-ed with the same piece of the previous version, then planes
+//   sub     bit patterns minus the previous version's, as width-byte integers (mod 2^8w),
+//           then planes: a small change of a float changes few high bytes either way, but
+//           subtraction does not smear a carry over the low bytes
+//
+// EncodePiece tries each applicable encoding on a sample of the piece (the first elements),
+// encodes the whole piece with the smallest and falls back to plain when that does not pay.
+// DecodePiece is the exact inverse; on malformed input it returns Corruption, never wrong
+// bytes of the right length without an error (callers still check the chunk's SHA-256).
+//
+// Planes container (transforms other than plain): for each of `width` planes and then the
+// tail (raw_len % width bytes, XOR-ed with the base's tail for deltas): codec (1 byte),
+// stored length (LE32), stored bytes.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "engine/codec/codec.h"
+#include "engine/util/buffer.h"
+#include "engine/util/status.h"
+
+namespace ckptfs {
+
+// Stored in records and in the catalog: never renumber.
+enum class Transform : uint8_t { kPlain = 0, kPlanes = 1, kXor = 2, kSub = 3 };
+inline constexpr uint8_t kMaxPieceWidth = 8;
+
+std::string_view TransformName(Transform t);
+inline bool IsDelta(Transform t) { return t == Transform::kXor || t == Transform::kSub; }
+
+struct PieceEncoding {
+  Transform transform = Transform::kPlain;
+  uint8_t width = 1;  // element size in bytes (1..8); 1 for non-tensor bytes
+  Codec codec = Codec::kNone;  // plain: how the payload is compressed; else informational
+};
+
+struct EncodedPiece {
+  PieceEncoding encoding;
+  Buffer stored;  // empty for plain with Codec::kNone: the raw bytes are the payload
+  bool stored_raw() const { return encoding.transform == Transform::kPlain &&
+                                   encoding.codec == Codec::kNone; }
+};
+
+// Encodes `raw`. `width` is the element size of the tensor the bytes belong to (1 if unknown);
+// `base`, when not null and of the same size, is the previous version's piece to delta against.
+EncodedPiece EncodePiece(const CodecSpec& spec, Bytes raw, uint8_t width, const Buffer* base);
+
+// Decodes `stored` into `out` (exactly the raw length). Deltas need `base` of that length.
+Status DecodePiece(const PieceEncoding& encoding, Bytes stored, Bytes base, MutableBytes out);
+
+}  // namespace ckptfs

@@ -1,0 +1,114 @@
+#include "engine/codec/piece_codec.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+namespace ckptfs {
+namespace {
+
+// fp32 weights of a "layer": N(0, 0.02), and the same after a small update.
+std::vector<float> Weights(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, 0.02f);
+  std::vector<float> w(n);
+  for (float& x : w) x = d(rng);
+  return w;
+}
+
+Buffer ToBuffer(const void* data, size_t bytes) {
+  return Buffer(Bytes(static_cast<const std::byte*>(data), bytes));
+}
+
+void ExpectRoundTrip(const EncodedPiece& p, const Buffer& original, const Buffer* base) {
+  Buffer back(original.size());
+  ASSERT_TRUE(DecodePiece(p.encoding, p.stored_raw() ? original.bytes() : p.stored.bytes(), base ? base->bytes() : Bytes{},
+                          back.mutable_bytes())
+                  .ok());
+  ASSERT_EQ(0, std::memcmp(back.data(), original.data(), original.size()));
+}
+
+TEST(PieceCodecTest, EveryTransformRoundTripsForEveryWidthAndTail) {
+  const CodecSpec spec = *CodecSpec::Parse("zstd:3");
+  std::mt19937 rng(7);
+  for (uint8_t width : {1, 2, 3, 4, 8}) {
+    for (size_t size : {size_t{0}, size_t{1}, size_t{7}, size_t{4096 + 3}, size_t{200001}}) {
+      std::vector<uint8_t> a(size), b(size);
+      for (size_t i = 0; i < size; ++i) {
+        a[i] = static_cast<uint8_t>(rng() % 7);  // compressible, so transforms get chosen
+        b[i] = static_cast<uint8_t>(a[i] + (rng() % 3 == 0));
+      }
+      Buffer base = ToBuffer(a.data(), size);
+      Buffer raw = ToBuffer(b.data(), size);
+      EncodedPiece p = EncodePiece(spec, raw.bytes(), width, &base);
+      SCOPED_TRACE(std::string(TransformName(p.encoding.transform)) + " width " +
+                   std::to_string(width) + " size " + std::to_string(size));
+      ExpectRoundTrip(p, raw, &base);
+    }
+  }
+}
+
+TEST(PieceCodecTest, DeltaOfASmallUpdateBeatsPlanesWhichBeatPlain) {
+  const CodecSpec spec = *CodecSpec::Parse("zstd:3");
+  const size_t n = 256 << 10;  // 1 MiB of fp32
+  std::vector<float> v1 = Weights(n, 1), v2 = v1;
+  std::mt19937 rng(2);
+  std::normal_distribution<float> step(0.0f, 1e-5f);
+  for (float& x : v2) x += step(rng);
+  Buffer base = ToBuffer(v1.data(), n * 4);
+  Buffer raw2 = ToBuffer(v2.data(), n * 4);
+
+  Buffer plain_out;
+  const size_t plain = TryCompress(spec, raw2.bytes(), &plain_out) ? plain_out.size() : n * 4;
+  EncodedPiece planes = EncodePiece(spec, raw2.bytes(), 4, nullptr);
+  EncodedPiece delta = EncodePiece(spec, raw2.bytes(), 4, &base);
+  EXPECT_EQ(planes.encoding.transform, Transform::kPlanes);
+  EXPECT_TRUE(IsDelta(delta.encoding.transform));
+  EXPECT_LT(planes.stored.size(), plain);
+  EXPECT_LT(delta.stored.size(), planes.stored.size());
+  ExpectRoundTrip(delta, raw2, &base);
+  ExpectRoundTrip(planes, raw2, nullptr);
+}
+
+TEST(PieceCodecTest, IncompressibleBytesStayPlainAndUncopied) {
+  std::mt19937_64 rng(3);
+  std::vector<uint64_t> noise(1 << 14);
+  for (auto& x : noise) x = rng();
+  Buffer raw = ToBuffer(noise.data(), noise.size() * 8);
+  EncodedPiece p = EncodePiece(*CodecSpec::Parse("lz4"), raw.bytes(), 4, nullptr);
+  EXPECT_EQ(p.encoding.transform, Transform::kPlain);
+  EXPECT_EQ(p.encoding.codec, Codec::kNone);
+  EXPECT_TRUE(p.stored_raw());
+  EXPECT_TRUE(p.stored.empty());
+}
+
+TEST(PieceCodecTest, MalformedContainersAreCorruptionNotCrashes) {
+  const CodecSpec spec = *CodecSpec::Parse("lz4");
+  std::vector<float> w = Weights(4096, 4);
+  Buffer original = ToBuffer(w.data(), w.size() * 4);
+  EncodedPiece p = EncodePiece(spec, original.bytes(), 4, nullptr);
+  ASSERT_EQ(p.encoding.transform, Transform::kPlanes);
+  Buffer out(original.size());
+  // Every truncation fails.
+  for (size_t cut = 0; cut < p.stored.size(); cut += 97) {
+    EXPECT_FALSE(DecodePiece(p.encoding, p.stored.bytes().first(cut), {}, out.mutable_bytes()).ok());
+  }
+  // Flipped bytes either fail or decode to something the caller's SHA-256 check rejects.
+  std::mt19937 rng(5);
+  for (int i = 0; i < 200; ++i) {
+    Buffer bad(p.stored.bytes());
+    bad.data()[rng() % bad.size()] ^= std::byte{0x5a};
+    (void)DecodePiece(p.encoding, bad.bytes(), {}, out.mutable_bytes());
+  }
+  // A delta without its base fails.
+  PieceEncoding xor_enc{Transform::kXor, 4, Codec::kLz4};
+  EXPECT_FALSE(DecodePiece(xor_enc, p.stored.bytes(), {}, out.mutable_bytes()).ok());
+  PieceEncoding unknown{static_cast<Transform>(9), 4, Codec::kLz4};
+  EXPECT_FALSE(DecodePiece(unknown, p.stored.bytes(), {}, out.mutable_bytes()).ok());
+}
+
+}  // namespace
+}  // namespace ckptfs

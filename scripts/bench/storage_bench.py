@@ -1,0 +1,407 @@
+#!/usr/bin/python3
+"""The storage benchmark behind scripts/bench/storage.sh: what each version of a real training
+trajectory costs to keep, in ckptfs and in the usual tools, measured from outside.
+
+Input: a directory of trajectories as scripts/gen_trajectory.py writes them
+(DIR/<trajectory>/global_step<N>/*.pt, DIR/<trajectory>/latest). For each trajectory, versions
+in step order:
+
+  raw      the bytes of the version's files.
+  ckptfs   one fresh store per trajectory, mounted with `ckptfs mount --codec CODEC`
+           (default zstd:3: the peer is zstd -3, so both sides use the same compressor and level
+           and what differs is what ckptfs adds: chunking, dedup and, later, delta encoding);
+           `cp -r VERSION MNT/`, `latest` rewritten with the tag (as DeepSpeed does), then
+           `ckptfs sync MNT`. Stored bytes added = growth of the store's pack bytes (the
+           `ckptfs stats MNT` pack_bytes, cross-checked against the sizes of STORE/packs/*).
+  zstd -3  every file of the version compressed on its own (`zstd -3`, one thread); the sum of
+           the compressed sizes. No dedup between versions: the baseline of "just compress it".
+  restic   `restic backup` of the version directory into ONE repository per trajectory
+           (restic's defaults: content-defined chunking, repository v2, compression auto);
+           growth of the repository's bytes (du -sb: packs, index, snapshot). restic draws its
+           chunker polynomial at random per repository, so its numbers vary a little per run.
+  borg     `borg create --compression zstd,3` into ONE repository per trajectory (--encryption
+           none; borg's default chunker, buzhash 512 KiB .. 8 MiB, ~2 MiB average); growth of the
+           repository's bytes.
+  ingest   wall time, medians of --runs runs, each on a fresh store / fresh target directory,
+           the three variants back to back per version in an order rotated per run:
+             ckptfs   cp -r into the mount + latest + ckptfs sync (durable)
+             cp       cp -r to a native directory on the same disk + sync (durable)
+             zstd     zstd -3 -T2 of the version's files into a native directory + sync
+           An untimed `sync` runs before each, so no one pays for another's dirty pages. The
+           source files are in the page cache for all three (no drop_caches). The restic and
+           borg times (one run, not durable in the same sense) are printed for reference.
+
+Ratios: each tool's stored/raw, ckptfs/zstd (stored bytes) and ckptfs/cp, ckptfs/zstd (time),
+per version and per trajectory for the first version, the versions after it, and all of them.
+Progress goes to stderr, the table to stdout. storage.sh is the entry point (it installs restic,
+borgbackup and zstd and unmounts whatever is left on failure); this file unmounts its own
+mounts in finally blocks, also on SIGTERM.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+T0 = time.monotonic()
+ORDER = ["fp32", "bf16", "finetune"]
+
+
+def log(msg):
+    print(f"[{time.monotonic() - T0:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+
+def run(argv, env=None, cwd=None, quiet=True):
+    p = subprocess.run(argv, env=env, cwd=cwd, stdout=subprocess.PIPE if quiet else None,
+                       stderr=subprocess.PIPE, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"storage_bench: {' '.join(argv)} exited {p.returncode}\n"
+                         f"{p.stdout or ''}{p.stderr}")
+    return p.stdout
+
+
+def timed(argvs, env=None, cwd=None):
+    """Runs the commands in sequence; wall seconds for all of them."""
+    t = time.monotonic()
+    for argv in argvs:
+        run(argv, env=env, cwd=cwd)
+    return time.monotonic() - t
+
+
+def tree_bytes(path):
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            st = os.lstat(os.path.join(root, f))
+            total += st.st_size
+    return total
+
+
+def du_b(path):
+    return int(run(["du", "-sb", path]).split()[0])
+
+
+def med(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+# ---------------------------------------------------------------- the input
+
+def trajectories(data):
+    out = []
+    for name in os.listdir(data):
+        tdir = os.path.join(data, name)
+        if not os.path.isdir(tdir):
+            continue
+        versions = []
+        for v in os.listdir(tdir):
+            m = re.fullmatch(r"global_step(\d+)", v)
+            if m and os.path.isdir(os.path.join(tdir, v)):
+                versions.append((int(m.group(1)), v))
+        if versions:
+            versions.sort()
+            out.append((name, tdir, [v for _, v in versions]))
+    out.sort(key=lambda t: (ORDER.index(t[0]) if t[0] in ORDER else len(ORDER), t[0]))
+    return out
+
+
+def version_files(vdir):
+    files = []
+    for root, _, names in os.walk(vdir):
+        files += [os.path.join(root, n) for n in names]
+    return sorted(files)
+
+
+# ---------------------------------------------------------------- ckptfs
+
+class Mount:
+    def __init__(self, args, store, mnt):
+        self.args, self.store, self.mnt = args, store, mnt
+        self.mounted = False
+
+    def __enter__(self):
+        os.makedirs(self.mnt, exist_ok=True)
+        run([self.args.bin, "mount", self.store, self.mnt, "--codec", self.args.codec])
+        self.mounted = True
+        return self
+
+    def close(self):
+        if not self.mounted:
+            return
+        try:
+            run([self.args.bin, "umount", self.mnt])
+        except SystemExit as e:
+            log(f"ckptfs umount failed ({e}); fusermount3 -u -z")
+            subprocess.run(["fusermount3", "-u", "-z", self.mnt])
+        self.mounted = False
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+def parse_stats(text):
+    res = {}
+    for line in text.splitlines():
+        parts = line.rsplit(None, 1)
+        if len(parts) == 2:
+            with_spaces = parts[0].strip().replace("_", " ")
+            try:
+                res[with_spaces] = float(parts[1])
+            except ValueError:
+                pass
+    return res
+
+
+def pack_bytes(args, where, store):
+    st = parse_stats(run([args.bin, "stats", where]))
+    packs = os.path.join(store, "packs")
+    files = sum(os.path.getsize(os.path.join(packs, f)) for f in os.listdir(packs)) \
+        if os.path.isdir(packs) else 0
+    return int(st.get("pack bytes", -1)), files
+
+
+# ---------------------------------------------------------------- one trajectory
+
+def measure(args, name, tdir, versions):
+    scratch = os.path.join(args.dir, name)
+    os.makedirs(scratch, exist_ok=True)
+    V = [dict(tag=v, raw=tree_bytes(os.path.join(tdir, v)),
+              files=version_files(os.path.join(tdir, v)), t_ckptfs=[], t_cp=[], t_zstd=[],
+              ckptfs_runs=[]) for v in versions]
+    umounts = []
+    store_totals = {}
+    for r in range(args.runs):
+        store = os.path.join(scratch, f"store{r}")
+        mnt = os.path.join(scratch, f"mnt{r}")
+        native = os.path.join(scratch, f"native{r}")
+        zdir = os.path.join(scratch, f"zstd{r}")
+        os.makedirs(native)
+        os.makedirs(zdir)
+        with Mount(args, store, mnt) as m:
+            prev = pack_bytes(args, mnt, store)
+            for i, v in enumerate(V):
+                src = os.path.join(tdir, v["tag"])
+                latest = os.path.join(mnt, "latest")
+
+                def do_ckptfs():
+                    t = time.monotonic()
+                    run(["cp", "-r", src, mnt + "/"])
+                    with open(latest, "w") as f:
+                        f.write(v["tag"])
+                    run([args.bin, "sync", mnt])
+                    return time.monotonic() - t
+
+                def do_cp():
+                    return timed([["cp", "-r", src, native + "/"], ["sync"]])
+
+                def do_zstd():
+                    out = os.path.join(zdir, v["tag"])
+                    os.makedirs(out)
+                    return timed([["zstd", "-3", "-T2", "-q", "--output-dir-flat", out]
+                                  + v["files"], ["sync"]])
+
+                variants = [("t_ckptfs", do_ckptfs), ("t_cp", do_cp), ("t_zstd", do_zstd)]
+                k = (r + i) % len(variants)
+                for key, fn in variants[k:] + variants[:k]:
+                    os.sync()
+                    v[key].append(fn())
+                now = pack_bytes(args, mnt, store)
+                v["ckptfs_runs"].append((now[0] - prev[0], now[1] - prev[1]))
+                prev = now
+                log(f"{name} run {r + 1}/{args.runs} {v['tag']}: ckptfs "
+                    f"+{v['ckptfs_runs'][-1][0]:,} B in {v['t_ckptfs'][-1]:.2f} s, "
+                    f"cp {v['t_cp'][-1]:.2f} s, zstd -T2 {v['t_zstd'][-1]:.2f} s")
+            t = time.monotonic()
+            m.close()
+            umounts.append(time.monotonic() - t)
+        if r == 0:
+            st = parse_stats(run([args.bin, "stats", store]))
+            store_totals = dict(pack=int(st.get("pack bytes", 0)), du=du_b(store),
+                                catalog=du_b(os.path.join(store, "catalog")),
+                                logical=int(st.get("logical bytes", 0)))
+        for p in (store, mnt, native, zdir):
+            shutil.rmtree(p, ignore_errors=True)
+
+    for v in V:
+        runs = v.pop("ckptfs_runs")
+        v["ckptfs"] = runs[0][0]
+        v["ckptfs_packfiles"] = runs[0][1]
+        v["ckptfs_all_runs"] = [x[0] for x in runs]
+
+    # zstd -3, one thread: the compressed size of each file.
+    for v in V:
+        total = 0
+        for f in v["files"]:
+            p = subprocess.Popen(["zstd", "-3", "-T1", "-q", "-c", f], stdout=subprocess.PIPE)
+            while True:
+                b = p.stdout.read(1 << 20)
+                if not b:
+                    break
+                total += len(b)
+            if p.wait() != 0:
+                raise SystemExit(f"storage_bench: zstd -3 -c {f} failed")
+        v["zstd"] = total
+    log(f"{name}: zstd -3 sizes done")
+
+    # restic: one repository for the whole trajectory.
+    env = dict(os.environ, RESTIC_PASSWORD="ckptfs-bench", RESTIC_CACHE_DIR=os.path.join(
+        scratch, "restic-cache"))
+    repo = os.path.join(scratch, "restic")
+    run(["restic", "init", "--repo", repo], env=env)
+    prev = du_b(repo)
+    for v in V:
+        t = time.monotonic()
+        run(["restic", "backup", "--repo", repo, "--no-cache", "--host", "bench", "--tag",
+             v["tag"], v["tag"]], env=env, cwd=tdir)
+        v["t_restic"] = time.monotonic() - t
+        now = du_b(repo)
+        v["restic"] = now - prev
+        prev = now
+    restic_total = prev
+    shutil.rmtree(repo)
+    log(f"{name}: restic done")
+
+    # borg: one repository for the whole trajectory.
+    env = dict(os.environ, BORG_PASSPHRASE="", BORG_UNKNOWN_UNENCRYPTED_REPO_ACCESS_IS_OK="yes",
+               BORG_RELOCATED_REPO_ACCESS_IS_OK="yes",
+               BORG_BASE_DIR=os.path.join(scratch, "borg-base"))
+    repo = os.path.join(scratch, "borg")
+    run(["borg", "init", "--encryption", "none", repo], env=env)
+    prev = du_b(repo)
+    for v in V:
+        t = time.monotonic()
+        run(["borg", "create", "--compression", args.borg_compression, f"{repo}::{v['tag']}",
+             v["tag"]], env=env, cwd=tdir)
+        v["t_borg"] = time.monotonic() - t
+        now = du_b(repo)
+        v["borg"] = now - prev
+        prev = now
+    borg_total = prev
+    shutil.rmtree(scratch, ignore_errors=True)
+    log(f"{name}: borg done")
+
+    for v in V:
+        v.pop("files")
+    return dict(name=name, versions=V, umount=umounts, store=store_totals,
+                restic_total=restic_total, borg_total=borg_total)
+
+
+# ---------------------------------------------------------------- the table
+
+def mb(b):
+    return f"{b / 1e6:.3f}" if abs(b) < 1e7 else f"{b / 1e6:.1f}"
+
+
+def cell(b, raw):
+    return f"{mb(b)} ({b / raw:.3f})" if raw else mb(b)
+
+
+def rows(res):
+    """(label, dict of summed sizes and per-run summed times) per row of one trajectory."""
+    V = res["versions"]
+    groups = [(v["tag"], [v]) for v in V]
+    groups.append(("**first version**", V[:1]))
+    if len(V) > 1:
+        groups.append(("**versions after the first**", V[1:]))
+    groups.append(("**all versions**", V))
+    out = []
+    for label, vs in groups:
+        agg = {k: sum(v[k] for v in vs) for k in ("raw", "ckptfs", "zstd", "restic", "borg")}
+        for k in ("t_ckptfs", "t_cp", "t_zstd"):
+            # median over runs of the per-run sum
+            agg[k] = med([sum(v[k][r] for v in vs) for r in range(len(vs[0][k]))])
+        agg["t_restic"] = sum(v["t_restic"] for v in vs)
+        agg["t_borg"] = sum(v["t_borg"] for v in vs)
+        out.append((label, agg))
+    return out
+
+
+def table(results, args):
+    print(f"\n| trajectory | version | raw MB | ckptfs --codec {args.codec} MB (/raw) | "
+          f"zstd -3 MB (/raw) | restic MB (/raw) | borg {args.borg_compression} MB (/raw) | "
+          "ckptfs/zstd bytes | ingest s: ckptfs / cp / zstd -T2 | ckptfs/cp time | "
+          "ckptfs/zstd time |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for res in results:
+        for label, a in rows(res):
+            raw = a["raw"]
+            print(f"| {res['name']} | {label} | {mb(raw)} | {cell(a['ckptfs'], raw)} | "
+                  f"{cell(a['zstd'], raw)} | {cell(a['restic'], raw)} | {cell(a['borg'], raw)} | "
+                  f"{a['ckptfs'] / a['zstd']:.3f} | {a['t_ckptfs']:.2f} / {a['t_cp']:.2f} / "
+                  f"{a['t_zstd']:.2f} | {a['t_ckptfs'] / a['t_cp']:.2f}x | "
+                  f"{a['t_ckptfs'] / a['t_zstd']:.2f}x |")
+    print("\nWhole stores after the last version, du -sb (/raw of all versions): the ckptfs "
+          "store is packs + LMDB catalog + small files, after umount; the restic and borg "
+          "repositories include their indexes and snapshots.")
+    print("\n| trajectory | raw MB | ckptfs store MB | of which catalog MB | restic repo MB | "
+          "borg repo MB | restic / borg time, 1 run | ckptfs umount s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for res in results:
+        raw = sum(v["raw"] for v in res["versions"])
+        st = res["store"]
+        print(f"| {res['name']} | {mb(raw)} | {cell(st['du'], raw)} | {mb(st['catalog'])} | "
+              f"{cell(res['restic_total'], raw)} | {cell(res['borg_total'], raw)} | "
+              f"{sum(v['t_restic'] for v in res['versions']):.1f} s / "
+              f"{sum(v['t_borg'] for v in res['versions']):.1f} s | {med(res['umount']):.2f} |")
+    notes = []
+    for res in results:
+        for v in res["versions"]:
+            if len(set(v["ckptfs_all_runs"])) > 1:
+                notes.append(f"{res['name']} {v['tag']}: ckptfs stored bytes differ between "
+                             f"runs: {v['ckptfs_all_runs']}")
+            if v["ckptfs_packfiles"] != v["ckptfs"]:
+                notes.append(f"{res['name']} {v['tag']}: stats pack bytes +{v['ckptfs']} vs "
+                             f"pack files +{v['ckptfs_packfiles']}")
+    for n in notes:
+        print("note: " + n)
+    if not notes:
+        print(f"\nckptfs stored bytes were the same in all {args.runs} runs, and equal to the "
+              "growth of STORE/packs/*.")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data", required=True, help="trajectories (gen_trajectory.py --out)")
+    ap.add_argument("--dir", required=True, help="scratch directory (stores, repositories)")
+    ap.add_argument("--bin", default="build/ckptfs")
+    ap.add_argument("--codec", default="zstd:3")
+    ap.add_argument("--borg-compression", default="zstd,3")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--json", help="also write every measurement there")
+    args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    trajs = trajectories(args.data)
+    if not trajs:
+        raise SystemExit(f"storage_bench: no DIR/<trajectory>/global_step<N>/ in {args.data}")
+    versions = {
+        "ckptfs": args.bin,
+        "zstd": "zstd " + re.search(r"v[0-9.]+", run(["zstd", "--version"])).group(0),
+        "restic": " ".join(run(["restic", "version"]).split()[:2]),
+        "borg": run(["borg", "--version"]).strip(),
+    }
+    log(f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}; " + "; ".join(
+        f"{k}: {v}" for k, v in versions.items()))
+    results = []
+    for name, tdir, vs in trajs:
+        log(f"{name}: {len(vs)} versions ({vs[0]} .. {vs[-1]})")
+        results.append(measure(args, name, tdir, vs))
+    print(f"\nstorage bench: {len(results)} trajectories from {args.data}; ckptfs --codec "
+          f"{args.codec}; ingest times are medians of {args.runs} run(s); MB = 10^6 bytes; "
+          f"{versions['zstd']}; {versions['restic']} (repository v2, compression auto); "
+          f"{versions['borg']} "
+          f"(--compression {args.borg_compression}); load at the end "
+          f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+    table(results, args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(args=vars(args), tools=versions, results=results), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
