@@ -16,6 +16,11 @@ namespace {
 constexpr double kAttrTimeout = 1.0;
 constexpr uint32_t kBlockSize = 1 << 20;  // st_blksize: cp and friends then use 1 MiB I/O
 
+std::string& ControlSocketPath() {
+  static std::string path;
+  return path;
+}
+
 FileSystem& Fs(fuse_req_t req) { return *static_cast<FileSystem*>(fuse_req_userdata(req)); }
 
 Caller CallerOf(fuse_req_t req) {
@@ -263,6 +268,10 @@ void ReplyXattrBytes(fuse_req_t req, const std::string& bytes, size_t size) {
 }
 
 void OnGetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
+  if (ino == FUSE_ROOT_ID && std::strcmp(name, "user.ckptfs.control") == 0 &&
+      !ControlSocketPath().empty()) {
+    return ReplyXattrBytes(req, ControlSocketPath(), size);
+  }
   auto v = Fs(req).GetXattr(ino, name);
   if (!v.ok()) return ReplyError(req, v.status());
   ReplyXattrBytes(req, *v, size);
@@ -314,6 +323,8 @@ fuse_lowlevel_ops MakeOps() {
 }
 
 }  // namespace
+
+void SetControlSocketPath(std::string path) { ControlSocketPath() = std::move(path); }
 
 const fuse_lowlevel_ops& FuseOps() {
   static const fuse_lowlevel_ops ops = MakeOps();

@@ -9,9 +9,15 @@
 #define FUSE_USE_VERSION 34
 #include <fuse_lowlevel.h>
 
+#include <string>
+
 namespace ckptfs {
 
 // The operation table; the session's userdata must be the FileSystem*.
 const fuse_lowlevel_ops& FuseOps();
+
+// The snapshot engine's control socket, answered on the root as user.ckptfs.control
+// (docs/snapshot.md). Set once, before the session starts.
+void SetControlSocketPath(std::string path);
 
 }  // namespace ckptfs

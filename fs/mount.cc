@@ -15,6 +15,8 @@
 #include <memory>
 #include <thread>
 
+#include "engine/namespace/control_protocol.h"
+#include "engine/namespace/control_server.h"
 #include "engine/namespace/filesystem.h"
 #include "engine/store/store.h"
 #include "fs/fuse_ops.h"
@@ -104,6 +106,15 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
     return 1;
   }
 
+  // The snapshot engine's control socket (docs/snapshot.md); stopped before the filesystem.
+  auto control = ControlServer::Start(fs->get(), store->get(),
+                                      std::filesystem::path(args.store) / kControlSocketName);
+  if (!control.ok()) {
+    ready.Report("cannot start the control socket: " + control.status().ToString());
+    return 1;
+  }
+  SetControlSocketPath((*control)->path().string());
+
   std::vector<std::string> argv_s = {"ckptfs", "-o",
                                      "fsname=ckptfs:" + args.store + ",subtype=ckptfs,"
                                      "default_permissions"};
@@ -145,6 +156,7 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
   fuse_remove_signal_handlers(se);
   fuse_session_destroy(se);
   spdlog::info("unmounted {}; committing open files", args.mountpoint);
+  control->reset();  // abandons versions not yet complete
   fs->reset();  // commits everything close() accepted
   store->reset();
   spdlog::info("store {} closed", args.store);

@@ -1,7 +1,9 @@
 #include "engine/format/layout.h"
 
+#include <algorithm>
 #include <cstring>
 
+#include "engine/format/safetensors.h"
 #include "engine/format/torch_pickle.h"
 #include "engine/util/coding.h"
 
@@ -90,14 +92,45 @@ const LayoutSection* ContentLayout::Find(std::string_view name) const {
 LayoutScanner::LayoutScanner() = default;
 LayoutScanner::~LayoutScanner() = default;
 
-bool LayoutScanner::done() const { return zip_done_; }
-
 size_t LayoutScanner::Scan(Bytes data) {
   at_boundary_ = false;
-  if (zip_done_) {
-    offset_ += data.size();
-    return data.size();
+  size_t n = data.size();
+  switch (format_) {
+    case Mode::kDetect: n = ScanDetect(data); break;
+    case Mode::kZip: n = ScanZip(data); break;
+    case Mode::kSafetensorsHeader: n = ScanSafetensorsHeader(data); break;
+    case Mode::kSafetensors: n = ScanSafetensors(data); break;
+    case Mode::kDone: break;
   }
+  offset_ += n;
+  return n;
+}
+
+// A zip starts with a local header signature; a safetensors file with an 8-byte length and '{'.
+size_t LayoutScanner::ScanDetect(Bytes data) {
+  constexpr size_t kNeed = 9;
+  const size_t n = std::min(data.size(), kNeed - head_.size());
+  head_.append(AsChars(data.first(n)));
+  const Bytes head = AsBytes(head_);
+  if (head_.size() >= 4 && std::memcmp(head_.data(), "PK\3\4", 4) == 0) {
+    format_ = Mode::kZip;
+    (void)zip_.Scan(head);  // no cut lies within a header's first bytes
+    head_.clear();
+    return n;
+  }
+  if (head_.size() < kNeed) return n;
+  auto need = SafetensorsHeaderBytes(head);
+  if (head_[8] == '{' && need.ok() && *need <= kMaxHeaderBytes + 8) {
+    format_ = Mode::kSafetensorsHeader;
+    header_need_ = *need;
+  } else {
+    format_ = Mode::kDone;
+    head_.clear();
+  }
+  return n;
+}
+
+size_t LayoutScanner::ScanZip(Bytes data) {
   const size_t n = zip_.Scan(data);
   if (in_pickle_) {
     // data.pkl's bytes (and, until its end is known, up to kMaxCutLag bytes after them).
@@ -109,16 +142,49 @@ size_t LayoutScanner::Scan(Bytes data) {
       pickle_.shrink_to_fit();
     }
   }
-  offset_ += n;
   if (zip_.AtCut()) OnZipCut(zip_.cut());
-  if (zip_.done()) {
-    zip_done_ = true;
-    if (layout_.format == ContentLayout::Format::kNone && zip_.recognized() &&
-        !layout_.sections.empty()) {
-      layout_.format = ContentLayout::Format::kTorchZip;
-    }
-  }
+  if (zip_.done()) format_ = Mode::kDone;
   return n;
+}
+
+size_t LayoutScanner::ScanSafetensorsHeader(Bytes data) {
+  const size_t n = std::min(data.size(), header_need_ - head_.size());
+  head_.append(AsChars(data.first(n)));
+  if (head_.size() < header_need_) return n;
+  auto index = ParseSafetensorsHeader(AsBytes(head_));
+  head_.clear();
+  head_.shrink_to_fit();
+  if (!index.ok()) {
+    format_ = Mode::kDone;  // not safetensors after all: opaque bytes
+    return n;
+  }
+  for (const SafetensorsTensor& t : index->tensors) {
+    if (t.end > t.begin) tensors_.push_back(Tensor{t.name, t.begin, t.end, t.dtype});
+  }
+  layout_.format = ContentLayout::Format::kSafetensors;
+  format_ = tensors_.empty() ? Mode::kDone : Mode::kSafetensors;
+  return n;
+}
+
+// Boundaries at every tensor's begin and end, known in advance: stop exactly there.
+size_t LayoutScanner::ScanSafetensors(Bytes data) {
+  const Tensor& next = tensors_[next_tensor_];
+  const uint64_t at = open_ ? next.end : next.begin;
+  if (offset_ < at) return static_cast<size_t>(std::min<uint64_t>(data.size(), at - offset_));
+  // offset_ == at: a boundary (an end, and maybe the next tensor's begin).
+  at_boundary_ = true;
+  boundary_ = at;
+  if (open_) {
+    EndSection(at);
+    ++next_tensor_;
+  }
+  if (next_tensor_ == tensors_.size()) {
+    format_ = Mode::kDone;
+    return 0;
+  }
+  const Tensor& t = tensors_[next_tensor_];
+  if (t.begin == at) OpenSection(t.name, t.begin, t.dtype);
+  return 0;
 }
 
 void LayoutScanner::OnZipCut(uint64_t cut) {
@@ -129,18 +195,23 @@ void LayoutScanner::OnZipCut(uint64_t cut) {
     return;
   }
   if (open_) EndSection(layout_.sections.back().start);  // an empty entry has no end cut
-  LayoutSection s;
-  s.name = zip_.entry_name();
-  s.start = cut;
-  auto it = storage_dtypes_.find(s.name);
-  if (it != storage_dtypes_.end()) s.dtype = it->second;
+  auto it = storage_dtypes_.find(zip_.entry_name());
   layout_.format = ContentLayout::Format::kTorchZip;
-  layout_.sections.push_back(std::move(s));
-  open_ = true;
+  OpenSection(zip_.entry_name(), cut,
+              it != storage_dtypes_.end() ? std::optional<DType>(it->second) : std::nullopt);
   if (EndsWith(zip_.entry_name(), kPickleSuffix)) {
     in_pickle_ = true;  // Scan stops where a data start becomes known: nothing is past it
     pickle_.clear();
   }
+}
+
+void LayoutScanner::OpenSection(std::string name, uint64_t start, std::optional<DType> dtype) {
+  LayoutSection s;
+  s.name = std::move(name);
+  s.start = start;
+  s.dtype = dtype;
+  layout_.sections.push_back(std::move(s));
+  open_ = true;
 }
 
 void LayoutScanner::EndSection(uint64_t end) {
@@ -165,6 +236,10 @@ void LayoutScanner::EndSection(uint64_t end) {
 }
 
 ContentLayout LayoutScanner::TakeLayout() {
+  // A safetensors file that ends where its last tensor does: that end is known.
+  if (open_ && format_ == Mode::kSafetensors && offset_ == tensors_[next_tensor_].end) {
+    EndSection(offset_);
+  }
   if (open_) {
     layout_.sections.pop_back();
     open_ = false;

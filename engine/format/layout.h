@@ -64,6 +64,8 @@ class LayoutScanner {
  public:
   // data.pkl records longer than this are not parsed (their sections stay untyped).
   static constexpr size_t kMaxPickleBytes = 64u << 20;
+  // Safetensors headers longer than this are not parsed (the file has no sections).
+  static constexpr size_t kMaxHeaderBytes = 64u << 20;
   // A boundary is learned at most this many bytes after the offset it names.
   static constexpr size_t kMaxBoundaryLag = TorchZipCutter::kMaxCutLag;
 
@@ -82,17 +84,33 @@ class LayoutScanner {
   // REQUIRES: AtBoundary(); valid until the next Scan.
   const LayoutSection* section() const { return open_ ? &layout_.sections.back() : nullptr; }
   // True once no further boundary can come.
-  bool done() const;
+  bool done() const { return format_ == Mode::kDone; }
   // The sections found (a section still open at the end is dropped: its size is unknown).
   ContentLayout TakeLayout();
 
  private:
+  enum class Mode { kDetect, kZip, kSafetensorsHeader, kSafetensors, kDone };
+  size_t ScanDetect(Bytes data);
+  size_t ScanZip(Bytes data);
+  size_t ScanSafetensorsHeader(Bytes data);
+  size_t ScanSafetensors(Bytes data);
   void OnZipCut(uint64_t cut);
+  void OpenSection(std::string name, uint64_t start, std::optional<DType> dtype);
   void EndSection(uint64_t end);
 
+  Mode format_ = Mode::kDetect;
+  std::string head_;  // the first bytes (kDetect), then a safetensors header
+  size_t header_need_ = 0;
   TorchZipCutter zip_;
-  bool zip_done_ = false;
   ContentLayout layout_;
+  // Safetensors: the tensors (non-empty, by offset) and the next one to open or close.
+  struct Tensor {
+    std::string name;
+    uint64_t begin, end;
+    DType dtype;
+  };
+  std::vector<Tensor> tensors_;
+  size_t next_tensor_ = 0;
   bool open_ = false;  // layout_.sections.back() is open (its end is not known yet)
   bool at_boundary_ = false;
   uint64_t boundary_ = 0;

@@ -135,6 +135,23 @@ class FileSystem {
   // Seals the version `ino` (a top-level directory), committing its open files first.
   Status Seal(Ino ino);
 
+  // ---- Versions written outside FUSE (engine/namespace/external_version.cc) ---------------
+  // One file of such a version: its chunks, checked by Store::CheckExternalPack.
+  struct ExternalFile {
+    std::string name;
+    uint64_t size = 0;
+    uint32_t pack_id = 0;
+    uint64_t pack_length = 0;  // 0: the file has no records of its own
+    std::vector<Store::AdoptedChunk> chunks;
+  };
+  // Publishes the sealed version `name` (a new top-level directory) holding `files` and a
+  // manifest.json with `manifest`, all in one catalog transaction: it appears complete or
+  // not at all. AlreadyExists if the name is taken.
+  Status AddExternalVersion(std::string_view name, const std::vector<ExternalFile>& files,
+                            std::string_view manifest, const Caller& owner);
+  // OK when `name` could be such a version (valid and not taken).
+  Status CheckVersionNameFree(std::string_view name);
+  // ---- end of external_version.cc ---------------------------------------------------------
 
 
  private:

@@ -286,6 +286,11 @@ Status PackWriter::RotateLocked() {
   return Status::OK();
 }
 
+uint32_t PackWriter::ReserveId() {
+  std::lock_guard lock(mu_);
+  return next_id_++;
+}
+
 uint32_t PackWriter::active_pack_id() const {
   std::lock_guard lock(mu_);
   return active_;

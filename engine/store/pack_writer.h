@@ -71,6 +71,9 @@ class PackWriter {
   // Closes the active pack (synced) and starts a new one on the next Append.
   Status Rotate();
   uint32_t active_pack_id() const;
+  // Reserves a pack id this writer will never use, for a pack another process writes
+  // (Store::CreateExternalPack).
+  uint32_t ReserveId();
   bool using_io_uring() const { return uring_ok_; }
 
  private:

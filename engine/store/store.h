@@ -162,6 +162,31 @@ class Store {
   Result<VerifyReport> Verify() const;
   Result<StoreStats> Stats() const;
 
+  // ---- Packs written by other processes (engine/store/adopt.cc; docs/snapshot.md) ---------
+  // A chunk of a content another process wrote: a record in its pack, or a chunk the store
+  // already holds (an unchanged block of the previous version).
+  struct AdoptedChunk {
+    ChunkId id;
+    uint32_t raw_len = 0;
+    std::optional<PackLocation> record;  // nullopt: a reference to a stored chunk
+    ChunkRow row;                        // filled by CheckExternalPack for records
+  };
+  // Creates an empty pack (header only, owned by uid:gid) with an id the store's own writer
+  // never uses, for another process to append records to.
+  Result<std::pair<uint32_t, std::filesystem::path>> CreateExternalPack(uint32_t uid,
+                                                                         uint32_t gid);
+  // Checks that the records of `chunks` tile the pack from its header to `length`, each with
+  // a valid header, the claimed id and length, a plain encoding and a matching payload
+  // checksum; fills their rows and syncs the pack. Corruption names the pack and offset.
+  Status CheckExternalPack(uint32_t pack_id, uint64_t length, std::vector<AdoptedChunk>* chunks);
+  // Adds a content made of `chunks` (checked) inside `txn`: new records become chunk rows,
+  // stored chunks gain a reference, the pack is committed up to pack_length (0: no pack).
+  Result<ContentId> AdoptContentInTxn(Catalog::WriteTxn& txn,
+                                      const std::vector<AdoptedChunk>& chunks, uint64_t size,
+                                      uint32_t pack_id, uint64_t pack_length);
+  // Deletes a pack from CreateExternalPack that will not be adopted.
+  Status DiscardExternalPack(uint32_t pack_id);
+  // ---- end of adopt.cc --------------------------------------------------------------------
 
   Catalog& catalog() { return *catalog_; }
   const std::filesystem::path& dir() const { return dir_; }

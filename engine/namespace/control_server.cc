@@ -1,0 +1,368 @@
+#include "engine/namespace/control_server.h"
+
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "engine/namespace/control_protocol.h"
+
+namespace ckptfs {
+namespace {
+
+using nlohmann::json;
+
+std::string Ok(json extra = json::object()) {
+  extra["ok"] = true;
+  return extra.dump();
+}
+
+std::string Error(const Status& s) { return json{{"ok", false}, {"error", s.ToString()}}.dump(); }
+
+bool GetUint(const json& j, const char* key, uint64_t* out) {
+  if (!j.is_object() || !j.contains(key) || !j[key].is_number_unsigned()) return false;
+  *out = j[key].get<uint64_t>();
+  return true;
+}
+
+bool GetString(const json& j, const char* key, std::string* out) {
+  if (!j.is_object() || !j.contains(key) || !j[key].is_string()) return false;
+  *out = j[key].get<std::string>();
+  return true;
+}
+
+}  // namespace
+
+struct ControlServer::Connection {
+  FileDescriptor fd;
+  Caller peer;
+  // The version this rank works on (empty: none).
+  std::string version;
+  int rank = -1;
+  bool committed = false;
+  std::vector<uint32_t> reserved;  // packs not yet handed over with a commit
+  std::shared_ptr<PendingVersion> pending;
+};
+
+struct ControlServer::PendingVersion {
+  std::string name;
+  int world_size = 0;
+  std::vector<bool> begun;
+  std::vector<std::optional<FileSystem::ExternalFile>> parts;
+  std::vector<json> shards;
+  int committed = 0;
+  Caller owner;
+  std::set<Connection*> members;
+  bool done = false;
+  Status result;  // when done
+};
+
+Result<std::unique_ptr<ControlServer>> ControlServer::Start(FileSystem* fs, Store* store,
+                                                            const std::filesystem::path& socket) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (socket.string().size() >= sizeof(addr.sun_path)) {
+    return Status::InvalidArgument("control socket path too long: " + socket.string());
+  }
+  std::strncpy(addr.sun_path, socket.c_str(), sizeof(addr.sun_path) - 1);
+  std::unique_ptr<ControlServer> server(new ControlServer(fs, store, socket));
+  server->listen_fd_ = FileDescriptor(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!server->listen_fd_.valid()) return Status::FromErrno(errno, "socket");
+  ::unlink(socket.c_str());  // a stale socket of an earlier daemon
+  if (::bind(server->listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return Status::FromErrno(errno, "bind " + socket.string());
+  }
+  if (::chmod(socket.c_str(), 0600) != 0)
+    return Status::FromErrno(errno, "chmod " + socket.string());
+  if (::listen(server->listen_fd_.get(), 64) != 0) return Status::FromErrno(errno, "listen");
+  server->acceptor_ = std::thread([p = server.get()] { p->AcceptLoop(); });
+  spdlog::info("control socket at {}", socket.string());
+  return server;
+}
+
+ControlServer::~ControlServer() {
+  std::vector<std::thread> threads;
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+    for (const auto& c : conns_) ::shutdown(c->fd.get(), SHUT_RDWR);
+  }
+  cv_.notify_all();
+  ::shutdown(listen_fd_.get(), SHUT_RDWR);
+  if (acceptor_.joinable()) acceptor_.join();
+  {
+    std::lock_guard lock(mu_);
+    threads.swap(threads_);
+  }
+  for (auto& t : threads) t.join();
+  ::unlink(path_.c_str());
+}
+
+void ControlServer::AcceptLoop() {
+  for (;;) {
+    int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      return;  // shut down
+    }
+    auto conn = std::make_shared<Connection>();
+    conn->fd = FileDescriptor(fd);
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
+      conn->peer = Caller{cred.uid, cred.gid};
+    }
+    std::lock_guard lock(mu_);
+    if (stopping_) return;
+    conns_.insert(conn);
+    threads_.emplace_back([this, conn] { Serve(conn); });
+  }
+}
+
+void ControlServer::Serve(std::shared_ptr<Connection> conn) {
+  for (;;) {
+    auto request = RecvFrame(conn->fd.get());
+    if (!request.ok() || !*request) break;
+    std::string reply = Handle(*conn, **request);
+    if (!reply.empty() && !SendFrame(conn->fd.get(), reply).ok()) break;
+  }
+  std::vector<uint32_t> discard;
+  {
+    std::lock_guard lock(mu_);
+    discard = LeaveLocked(
+        *conn, "rank " + std::to_string(conn->rank) + " disconnected before it committed");
+    conns_.erase(conn);
+  }
+  cv_.notify_all();
+  DiscardPacks(discard);
+}
+
+std::string ControlServer::Handle(Connection& conn, const std::string& request) {
+  json req = json::parse(request, nullptr, /*allow_exceptions=*/false);
+  std::string op;
+  if (!GetString(req, "op", &op)) return Error(Status::InvalidArgument("no op"));
+  if (op == "begin") {
+    std::string version;
+    uint64_t rank, world;
+    if (!GetString(req, "version", &version) || !GetUint(req, "rank", &rank) ||
+        !GetUint(req, "world_size", &world) || world == 0 || world > 65536 || rank >= world) {
+      return Error(Status::InvalidArgument("begin needs version, rank < world_size <= 65536"));
+    }
+    return Begin(conn, version, static_cast<int>(rank), static_cast<int>(world));
+  }
+  if (op == "reserve_pack") return ReservePack(conn);
+  if (op == "commit") return Commit(conn, request);
+  return Error(Status::InvalidArgument("unknown op " + op));
+}
+
+std::string ControlServer::Begin(Connection& conn, const std::string& version, int rank,
+                                 int world_size) {
+  Status free = fs_->CheckVersionNameFree(version);
+  if (!free.ok()) return Error(free);
+  std::vector<uint32_t> discard;
+  std::string reply;
+  {
+    std::lock_guard lock(mu_);
+    // An earlier version this connection did not commit is abandoned.
+    discard = LeaveLocked(conn, "rank " + std::to_string(conn.rank) + " began another version");
+    auto dead = abandoned_.find(version);
+    if (dead != abandoned_.end()) {
+      reply = Error(Status::Busy("version " + version + " was abandoned (a rank failed) and " +
+                                 std::to_string(dead->second.size()) +
+                                 " of its ranks are still connected; retry under a new name"));
+    } else {
+      auto& v = pending_[version];
+      if (!v) {
+        v = std::make_shared<PendingVersion>();
+        v->name = version;
+        v->world_size = world_size;
+        v->begun.assign(world_size, false);
+        v->parts.resize(world_size);
+        v->shards.resize(world_size);
+      }
+      if (v->world_size != world_size) {
+        reply = Error(Status::InvalidArgument("version " + version + " has world size " +
+                                              std::to_string(v->world_size)));
+      } else if (v->begun[rank]) {
+        reply = Error(Status::AlreadyExists("rank " + std::to_string(rank) + " of " + version +
+                                            " already began"));
+      } else {
+        v->begun[rank] = true;
+        v->members.insert(&conn);
+        conn.version = version;
+        conn.rank = rank;
+        conn.committed = false;
+        conn.pending = v;
+        reply = Ok();
+      }
+    }
+  }
+  cv_.notify_all();
+  DiscardPacks(discard);
+  return reply;
+}
+
+std::string ControlServer::ReservePack(Connection& conn) {
+  {
+    std::lock_guard lock(mu_);
+    if (!conn.pending || conn.committed) {
+      return Error(Status::InvalidArgument("reserve_pack needs a begun, uncommitted version"));
+    }
+  }
+  auto pack = store_->CreateExternalPack(conn.peer.uid, conn.peer.gid);
+  if (!pack.ok()) return Error(pack.status());
+  std::lock_guard lock(mu_);
+  conn.reserved.push_back(pack->first);
+  return Ok({{"pack_id", pack->first}, {"path", pack->second.string()}});
+}
+
+std::string ControlServer::Commit(Connection& conn, const std::string& request) {
+  json req = json::parse(request, nullptr, /*allow_exceptions=*/false);
+  std::shared_ptr<PendingVersion> v;
+  {
+    std::lock_guard lock(mu_);
+    if (!conn.pending || conn.committed) {
+      return Error(Status::InvalidArgument("commit needs a begun, uncommitted version"));
+    }
+    v = conn.pending;
+  }
+  FileSystem::ExternalFile file;
+  uint64_t size, pack_id, pack_length;
+  const std::string expected_name = "rank_" + std::to_string(conn.rank) + ".safetensors";
+  if (!GetString(req, "file", &file.name) || file.name != expected_name ||
+      !GetUint(req, "size", &size) || !GetUint(req, "pack_id", &pack_id) ||
+      !GetUint(req, "pack_length", &pack_length) || !req.contains("chunks") ||
+      !req["chunks"].is_array() || !req.contains("shard") || !req["shard"].is_object()) {
+    return Error(Status::InvalidArgument("commit needs file " + expected_name +
+                                         ", size, pack_id, pack_length, chunks, shard"));
+  }
+  {
+    std::lock_guard lock(mu_);
+    if (std::find(conn.reserved.begin(), conn.reserved.end(), pack_id) == conn.reserved.end()) {
+      return Error(Status::InvalidArgument("pack " + std::to_string(pack_id) +
+                                           " was not reserved by this connection"));
+    }
+  }
+  file.size = size;
+  file.pack_id = static_cast<uint32_t>(pack_id);
+  for (const json& c : req["chunks"]) {
+    Store::AdoptedChunk a;
+    if (!c.is_array() || (c.size() != 2 && c.size() != 4) || !c[0].is_string() ||
+        !ChunkId::FromHex(c[0].get<std::string>(), &a.id) || !c[1].is_number_unsigned()) {
+      return Error(Status::InvalidArgument("malformed chunk entry"));
+    }
+    a.raw_len = c[1].get<uint32_t>();
+    if (c.size() == 4) {
+      if (!c[2].is_number_unsigned() || !c[3].is_number_unsigned()) {
+        return Error(Status::InvalidArgument("malformed chunk location"));
+      }
+      a.record = PackLocation{file.pack_id, c[2].get<uint64_t>(), c[3].get<uint32_t>()};
+    }
+    file.chunks.push_back(a);
+  }
+  // The records are checked outside the lock: other ranks commit meanwhile.
+  Status checked = store_->CheckExternalPack(file.pack_id, pack_length, &file.chunks);
+  if (!checked.ok()) return Error(checked);
+  file.pack_length = pack_length > kPackHeaderBytes ? pack_length : 0;
+  std::vector<uint32_t> discard;
+  bool last = false;
+  {
+    std::lock_guard lock(mu_);
+    if (v->done)
+      return Error(v->result.ok() ? Status::InvalidArgument("already complete") : v->result);
+    for (uint32_t id : conn.reserved) {  // packs reserved but not used by the commit
+      if (id != file.pack_id || file.pack_length == 0) discard.push_back(id);
+    }
+    conn.reserved.clear();
+    if (file.pack_length == 0) file.pack_id = 0;
+    v->parts[conn.rank] = std::move(file);
+    v->shards[conn.rank] = req["shard"];
+    if (conn.rank == 0) v->owner = conn.peer;
+    conn.committed = true;
+    last = ++v->committed == v->world_size;
+  }
+  DiscardPacks(discard);
+  if (!SendFrame(conn.fd.get(), Ok({{"state", "accepted"}})).ok()) return "";
+  if (last) {
+    Status s = Finalize(*v);
+    std::vector<uint32_t> packs;
+    {
+      std::lock_guard lock(mu_);
+      v->done = true;
+      v->result = s;
+      pending_.erase(v->name);
+      if (!s.ok()) {
+        for (const auto& part : v->parts) {
+          if (part && part->pack_id != 0) packs.push_back(part->pack_id);
+        }
+      }
+    }
+    cv_.notify_all();
+    DiscardPacks(packs);
+    if (s.ok())
+      spdlog::info("version {} of {} ranks published", v->name, v->world_size);
+    else
+      spdlog::error("version {} could not be published: {}", v->name, s.ToString());
+  }
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return v->done || stopping_; });
+  if (!v->done) return Error(Status::Busy("the daemon is shutting down"));
+  v->members.erase(&conn);
+  conn.pending.reset();
+  conn.version.clear();
+  if (!v->result.ok()) return Error(v->result);
+  return Ok({{"state", "complete"}});
+}
+
+Status ControlServer::Finalize(PendingVersion& v) {
+  std::vector<FileSystem::ExternalFile> files;
+  json manifest = {{"format", "ckptfs-sharded-1"},
+                   {"version", v.name},
+                   {"world_size", v.world_size},
+                   {"ranks", json::array()}};
+  {
+    std::lock_guard lock(mu_);
+    for (int r = 0; r < v.world_size; ++r) {
+      files.push_back(*v.parts[r]);
+      manifest["ranks"].push_back(v.shards[r]);
+    }
+  }
+  return fs_->AddExternalVersion(v.name, files, manifest.dump(1) + "\n", v.owner);
+}
+
+std::vector<uint32_t> ControlServer::LeaveLocked(Connection& conn, const std::string& why) {
+  std::vector<uint32_t> discard = std::move(conn.reserved);
+  conn.reserved.clear();
+  for (auto it = abandoned_.begin(); it != abandoned_.end();) {
+    it->second.erase(&conn);
+    it = it->second.empty() ? abandoned_.erase(it) : std::next(it);
+  }
+  std::shared_ptr<PendingVersion> v = std::move(conn.pending);
+  conn.pending.reset();
+  if (!v || v->done) return discard;
+  v->members.erase(&conn);
+  if (conn.committed) return discard;  // its part stays: the others may still complete
+  // Abandon the version: no rank's part will ever be published.
+  spdlog::warn("version {} abandoned: {}", v->name, why);
+  v->done = true;
+  v->result = Status::Busy("version " + v->name + " abandoned: " + why);
+  for (const auto& part : v->parts) {
+    if (part && part->pack_id != 0) discard.push_back(part->pack_id);
+  }
+  pending_.erase(v->name);
+  if (!v->members.empty()) abandoned_[v->name] = v->members;
+  return discard;
+}
+
+void ControlServer::DiscardPacks(const std::vector<uint32_t>& packs) {
+  for (uint32_t id : packs) {
+    Status s = store_->DiscardExternalPack(id);
+    if (!s.ok()) spdlog::error("discarding pack {}: {}", id, s.ToString());
+  }
+}
+
+}  // namespace ckptfs

@@ -1,0 +1,82 @@
+// engine/namespace/control_server.h
+//
+// The mount daemon's control socket (STORE/control.sock, mode 0600; the mount's root answers
+// the xattr user.ckptfs.control with its path): how the snapshot engine of a training process
+// publishes a sharded version without sending its bytes through FUSE. Per connection, one rank:
+//
+//   begin {version, rank, world_size}   -> ok        (the name is free; the rank joins)
+//   reserve_pack                        -> {pack_id, path}: the rank appends records there
+//   commit {file, size, pack_id, pack_length, chunks, shard}
+//                                       -> {state: accepted} once its records are checked,
+//                                          later {state: complete} once the version is visible
+//
+// When the last of world_size ranks has committed, the version appears in one transaction
+// (FileSystem::AddExternalVersion). A rank whose connection closes before it committed
+// abandons the version: every rank's reserved packs are deleted and the ranks waiting get an
+// error. Protocol details and the crash story: docs/snapshot.md.
+// Thread-safe; one thread per connection.
+#pragma once
+
+#include <condition_variable>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/namespace/filesystem.h"
+#include "engine/store/store.h"
+#include "engine/util/file.h"
+
+namespace ckptfs {
+
+class ControlServer {
+ public:
+  // Listens on `socket` (a stale socket file there is replaced).
+  static Result<std::unique_ptr<ControlServer>> Start(FileSystem* fs, Store* store,
+                                                      const std::filesystem::path& socket);
+  // Stops accepting, closes every connection (abandoning versions not yet complete) and joins.
+  ~ControlServer();
+  ControlServer(const ControlServer&) = delete;
+  ControlServer& operator=(const ControlServer&) = delete;
+
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  struct Connection;
+  struct PendingVersion;
+  ControlServer(FileSystem* fs, Store* store, std::filesystem::path path)
+      : fs_(fs), store_(store), path_(std::move(path)) {}
+  void AcceptLoop();
+  void Serve(std::shared_ptr<Connection> conn);
+  // Returns the reply; may block (commit waits for completion and sends two replies itself).
+  std::string Handle(Connection& conn, const std::string& request);
+  std::string Begin(Connection& conn, const std::string& version, int rank, int world_size);
+  std::string ReservePack(Connection& conn);
+  std::string Commit(Connection& conn, const std::string& request);
+  Status Finalize(PendingVersion& v);
+  // REQUIRES: mu_ held. Abandons conn's uncommitted version; returns the packs to delete.
+  std::vector<uint32_t> LeaveLocked(Connection& conn, const std::string& why);
+  void DiscardPacks(const std::vector<uint32_t>& packs);
+
+  FileSystem* const fs_;
+  Store* const store_;
+  const std::filesystem::path path_;
+  FileDescriptor listen_fd_;
+  std::thread acceptor_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;                                           // GUARDED_BY(mu_)
+  std::map<std::string, std::shared_ptr<PendingVersion>> pending_;  // GUARDED_BY(mu_)
+  // Abandoned versions, with the connections still attached to them: a begin of the name is
+  // refused until they have all gone, so that late ranks do not wait for dead ones.
+  std::map<std::string, std::set<Connection*>> abandoned_;  // GUARDED_BY(mu_)
+  std::set<std::shared_ptr<Connection>> conns_;             // GUARDED_BY(mu_)
+  std::vector<std::thread> threads_;                        // GUARDED_BY(mu_)
+};
+
+}  // namespace ckptfs

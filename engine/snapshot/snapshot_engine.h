@@ -1,0 +1,171 @@
+// engine/snapshot/snapshot_engine.h
+//
+// The snapshot engine: runs inside the training process and saves this rank's tensors as one
+// safetensors file of a sharded version, in two phases (docs/snapshot.md):
+//
+//   auto engine = *Engine::Open(*ConnectDaemon(socket), rank, world_size, EngineOptions{});
+//   auto snap = *engine->Start("global_step100", tensors);  // returns at once
+//   CKPTFS_RETURN_IF_ERROR(snap->WaitStaged());   // the tensors may be modified again
+//   CKPTFS_RETURN_IF_ERROR(snap->Wait());         // durable and visible in the mount
+//
+// Stage: the backend fingerprints every block (block_bytes) of every tensor where it lives;
+// blocks whose fingerprint and length equal the same block of this engine's previous
+// snapshot are not copied and become references to the previous chunk; runs of changed blocks
+// are copied into the host ring. Persist (worker pool, while training goes on): SHA-256 chunk
+// id, compression, a record appended to the rank's reserved pack; then fdatasync and the
+// commit. Chunks are the blocks plus the safetensors header, so unchanged blocks reuse chunks.
+// One snapshot at a time: Start waits for the previous one to finish.
+// Thread-safe.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/codec/codec.h"
+#include "engine/snapshot/backend.h"
+#include "engine/snapshot/host_ring.h"
+#include "engine/snapshot/sink.h"
+#include "engine/util/file.h"
+#include "engine/util/worker_pool.h"
+
+namespace ckptfs::snapshot {
+
+enum class BackendKind { kAuto, kCpu, kCuda };
+
+struct EngineOptions {
+  uint64_t block_bytes = 1u << 20;  // fingerprint blocks = chunks
+  uint64_t ring_bytes = 256u << 20;
+  uint64_t max_copy_bytes = 64u << 20;  // the largest single copy of a run of changed blocks
+  int workers = 0;                      // persist threads; 0: one per CPU
+  CodecSpec codec;
+  BackendKind backend = BackendKind::kAuto;  // kAuto: CUDA when built and a device is present
+};
+
+struct SnapshotStats {
+  uint64_t tensors = 0;
+  uint64_t blocks = 0;
+  uint64_t blocks_unchanged = 0;  // equal fingerprints: neither copied nor stored
+  uint64_t bytes = 0;             // tensor bytes of the snapshot
+  uint64_t bytes_copied = 0;      // staged into the ring
+  uint64_t records_written = 0;
+  uint64_t record_bytes = 0;    // header + payload of the records written
+  uint64_t chunks_deduped = 0;  // copied, but their bytes were already stored
+  double stage_seconds = 0;     // Start to WaitStaged
+  double persist_seconds = 0;   // Start to the rank's commit accepted
+  double total_seconds = 0;     // Start to Wait
+};
+
+class Engine;
+
+class Snapshot {
+ public:
+  ~Snapshot();
+  Snapshot(const Snapshot&) = delete;
+  Snapshot& operator=(const Snapshot&) = delete;
+
+  Status WaitStaged();
+  // This rank's part is durable and accepted by the daemon (the version may not be visible).
+  Status WaitCommitted();
+  // The version is durable and visible.
+  Status Wait();
+  SnapshotStats stats() const;
+
+ private:
+  friend class Engine;
+  enum class Phase { kStaging, kStaged, kCommitted, kDone };
+  struct Region;  // one staged copy
+  Snapshot(Engine* engine, std::string version, std::vector<TensorDesc> tensors);
+  void Run();
+  Status Stage();
+  Status Persist();
+  Status CopyRun(size_t tensor, uint64_t first_block, uint64_t end_block);
+  void PersistBlock(std::shared_ptr<Region> region, size_t slot, uint64_t region_offset);
+  Status StoreChunk(size_t slot, const std::byte* raw, size_t n);
+  Status WriteRecord(const ChunkId& id, const std::byte* raw, size_t n, CommitChunk* out);
+  void Fail(const Status& s);
+  void Advance(Phase phase, Status s);
+  Status WaitFor(Phase phase);
+
+  Engine* const engine_;
+  const std::string version_;
+  std::vector<TensorDesc> tensors_;
+  std::string header_;                    // the safetensors header (length prefix included)
+  std::vector<uint64_t> tensor_offsets_;  // in the file
+  std::vector<size_t> first_slot_;        // of each tensor
+  std::vector<Fingerprint> fps_;          // of each slot (slot 0: the header, unused)
+  std::vector<CommitChunk> chunks_;       // each task fills its own slot
+  PackTarget pack_;
+  FileDescriptor pack_fd_;
+  std::atomic<uint64_t> pack_end_{0};
+  std::mutex dedup_mu_;
+  std::unordered_map<ChunkId, CommitChunk> written_;  // GUARDED_BY(dedup_mu_)
+  std::thread driver_;
+
+  std::mutex task_mu_;
+  std::condition_variable task_cv_;
+  size_t tasks_pending_ = 0;  // GUARDED_BY(task_mu_)
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  Phase phase_ = Phase::kStaging;       // GUARDED_BY(mu_)
+  Phase ok_through_ = Phase::kStaging;  // GUARDED_BY(mu_): the last phase reached without error
+  Status error_;                        // GUARDED_BY(mu_): the first failure
+  SnapshotStats stats_;                 // GUARDED_BY(mu_) for the seconds
+  std::atomic<uint64_t> blocks_unchanged_{0}, bytes_copied_{0}, records_written_{0},
+      record_bytes_{0}, chunks_deduped_{0};
+};
+
+class Engine {
+ public:
+  static Result<std::unique_ptr<Engine>> Open(std::unique_ptr<PersistSink> sink, int rank,
+                                              int world_size, const EngineOptions& options);
+  // Waits for the snapshot in flight.
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Starts a snapshot of `tensors` (their memory must stay valid, unmodified, until
+  // WaitStaged returns) as version `version`. Waits for the previous snapshot to finish.
+  Result<std::shared_ptr<Snapshot>> Start(const std::string& version,
+                                          std::vector<TensorDesc> tensors);
+  const std::string& backend_name() const { return backend_name_; }
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  const EngineOptions& options() const { return options_; }
+
+ private:
+  friend class Snapshot;
+  // The previous snapshot's block of a tensor: what an unchanged block refers to.
+  struct PrevBlock {
+    Fingerprint fp;
+    uint64_t len = 0;
+    ChunkId id;
+  };
+  using BlockTable = std::unordered_map<std::string, std::vector<PrevBlock>>;
+  Engine(std::unique_ptr<PersistSink> sink, int rank, int world_size, const EngineOptions& o);
+
+  std::unique_ptr<PersistSink> sink_;
+  const int rank_;
+  const int world_size_;
+  EngineOptions options_;
+  std::unique_ptr<Backend> backend_;
+  std::string backend_name_;
+  std::unique_ptr<HostRing> ring_;
+  std::unique_ptr<WorkerPool> pool_;
+
+  std::mutex mu_;
+  std::shared_ptr<Snapshot> current_;  // GUARDED_BY(mu_)
+  // Written by the snapshot's driver thread once its version is complete; read by the next
+  // snapshot's driver (snapshots never overlap).
+  BlockTable prev_;
+};
+
+}  // namespace ckptfs::snapshot

@@ -1,0 +1,9 @@
+"""ckptfs: Python helpers for a ckptfs checkpoint mount.
+
+    h = ckptfs.snapshot(state_dict, "/mnt/ckpt/global_step100", rank=r, world_size=w)
+    h.staged()   # tensors may be modified again
+    h.wait()     # durable, visible in the mount
+    part = ckptfs.load_sharded("/mnt/ckpt/global_step100", rank=r, world_size=new_w)
+"""
+from .sharded import load_sharded, read_safetensors, split_state_dict  # noqa: F401
+from .snapshot import SnapshotError, fingerprint, snapshot  # noqa: F401
