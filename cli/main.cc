@@ -168,6 +168,9 @@ int Stats(const std::string& dir) {
       "chunk bytes    %llu\nrecord bytes   %llu\npack bytes     %llu\npacks          %llu\n",
       u(st->contents), u(st->logical_bytes), u(st->chunks), u(st->chunk_bytes), u(st->record_bytes),
       u(st->pack_bytes), u(st->packs));
+  const auto& by = st->chunks_by_transform;
+  std::printf("plain chunks   %llu\nplanes chunks  %llu\ndelta chunks   %llu\nlongest chain  %llu\n",
+              u(by[0]), u(by[1]), u(by[2] + by[3]), u(st->max_depth));
   if (st->logical_bytes > 0) {
     std::printf("stored/logical %.4f\n",
                 static_cast<double>(st->pack_bytes) / static_cast<double>(st->logical_bytes));
@@ -300,6 +303,11 @@ int main(int argc, char** argv) {
   mount->add_option("--inflight", inflight_size, "bytes queued for compression before write() waits")
       ->capture_default_str();
   mount->add_option("--codec", codec, "none, lz4, zstd or zstd:LEVEL")->capture_default_str();
+  mount->add_option("--delta-chain", margs.max_delta_chain,
+                    "records a read may decode per chunk: a whole one and deltas on it; 1: "
+                    "no deltas")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
   mount->add_option("--seal-after", seal_after,
                     "seal a version this many seconds after a newer one exists and its files "
                     "are closed; 0: only `ckptfs seal`")

@@ -70,6 +70,7 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
   options.codec = args.codec;
   options.cache_bytes = args.cache_bytes;
   options.inflight_bytes = args.inflight_bytes;
+  options.max_delta_chain = args.max_delta_chain;
   auto store = Store::Open(args.store, options);
   if (!store.ok()) {
     ready.Report(store.status().ToString());

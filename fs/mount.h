@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "engine/codec/codec.h"
+#include "engine/store/store.h"
 
 namespace ckptfs {
 
@@ -24,6 +25,7 @@ struct MountArgs {
   size_t cache_bytes = 256u << 20;
   size_t inflight_bytes = 256u << 20;
   CodecSpec codec;
+  uint32_t max_delta_chain = StoreOptions{}.max_delta_chain;
   std::chrono::milliseconds seal_after{std::chrono::seconds(10)};
   std::vector<std::string> fuse_options;  // each as given to -o
 };

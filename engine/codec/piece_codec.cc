@@ -20,17 +20,23 @@ uint64_t LoadElement(const std::byte* p, uint8_t width) {
   return v;
 }
 
-// The element's bytes after the transform, for element `i`.
-template <Transform kT>
+// The element's bytes after the transform. sub stores the difference as a zigzag integer
+// (0, -1, 1, -2, ... -> 0, 1, 2, 3, ...), so that a small change of either sign leaves the high
+// planes zero rather than 0x00 or 0xff by the sign.
+template <Transform kT, uint8_t kW>
 inline uint64_t Forward(uint64_t value, uint64_t base) {
   if constexpr (kT == Transform::kXor) return value ^ base;
-  if constexpr (kT == Transform::kSub) return value - base;
+  if constexpr (kT == Transform::kSub) {
+    constexpr int kShift = 64 - 8 * kW;
+    const int64_t d = static_cast<int64_t>((value - base) << kShift) >> kShift;  // sign-extended
+    return (static_cast<uint64_t>(d) << 1) ^ static_cast<uint64_t>(d >> 63);
+  }
   return value;
 }
-template <Transform kT>
+template <Transform kT, uint8_t kW>
 inline uint64_t Inverse(uint64_t coded, uint64_t base) {
   if constexpr (kT == Transform::kXor) return coded ^ base;
-  if constexpr (kT == Transform::kSub) return coded + base;
+  if constexpr (kT == Transform::kSub) return base + ((coded >> 1) ^ (~(coded & 1) + 1));
   return coded;
 }
 
@@ -42,7 +48,7 @@ void SplitPlanesFixed(const std::byte* raw, const std::byte* base, size_t elemen
   for (size_t i = 0; i < elements; ++i) {
     uint64_t v = LoadElement(raw + i * kW, kW);
     uint64_t b = kT == Transform::kPlanes ? 0 : LoadElement(base + i * kW, kW);
-    uint64_t c = Forward<kT>(v, b);
+    uint64_t c = Forward<kT, kW>(v, b);
     for (uint8_t j = 0; j < kW; ++j) out[j * elements + i] = static_cast<std::byte>(c >> (8 * j));
   }
 }
@@ -57,7 +63,7 @@ void JoinPlanesFixed(const std::byte* planes, const std::byte* base, size_t elem
       c |= static_cast<uint64_t>(planes[j * elements + i]) << (8 * j);
     }
     uint64_t b = kT == Transform::kPlanes ? 0 : LoadElement(base + i * kW, kW);
-    uint64_t v = Inverse<kT>(c, b) & mask;
+    uint64_t v = Inverse<kT, kW>(c, b) & mask;
     std::memcpy(raw + i * kW, &v, kW);
   }
 }
@@ -241,6 +247,13 @@ EncodedPiece EncodePiece(const CodecSpec& spec, Bytes raw, uint8_t width, const 
   EncodeWith(spec, best, width, raw, base_data, &scratch, &p.stored);
   if (p.stored.size() >= raw.size()) return plain();  // the sample misled: never grow
   return p;
+}
+
+Buffer EncodePieceAs(const CodecSpec& spec, Bytes raw, Transform t, uint8_t width,
+                     const Buffer* base) {
+  Buffer scratch, out;
+  EncodeWith(spec, t, width, raw, base ? base->data() : nullptr, &scratch, &out);
+  return out;
 }
 
 Status DecodePiece(const PieceEncoding& encoding, Bytes stored, Bytes base, MutableBytes out) {

@@ -7,9 +7,10 @@
 //           2), each plane compressed on its own: exponent bytes compress, mantissa noise is
 //           stored as it is
 //   xor     bit patterns XOR-ed with the same piece of the previous version, then planes
-//   sub     bit patterns minus the previous version's, as width-byte integers (mod 2^8w),
-//           then planes: a small change of a float changes few high bytes either way, but
-//           subtraction does not smear a carry over the low bytes
+//   sub     bit patterns minus the previous version's, as width-byte integers (mod 2^8w) in
+//           zigzag form (the sign in the lowest bit), then planes: a small change of a float
+//           leaves the high planes zero whatever its sign, and a carry does not smear over the
+//           low bytes as it does with xor
 //
 // EncodePiece tries each applicable encoding on a sample of the piece (the first elements),
 // encodes the whole piece with the smallest and falls back to plain when that does not pay.
@@ -53,6 +54,11 @@ struct EncodedPiece {
 // Encodes `raw`. `width` is the element size of the tensor the bytes belong to (1 if unknown);
 // `base`, when not null and of the same size, is the previous version's piece to delta against.
 EncodedPiece EncodePiece(const CodecSpec& spec, Bytes raw, uint8_t width, const Buffer* base);
+
+// Encodes `raw` with the given transform (planes container; not plain). For tests and tools.
+// REQUIRES: base of raw's size for deltas.
+Buffer EncodePieceAs(const CodecSpec& spec, Bytes raw, Transform t, uint8_t width,
+                     const Buffer* base);
 
 // Decodes `stored` into `out` (exactly the raw length). Deltas need `base` of that length.
 Status DecodePiece(const PieceEncoding& encoding, Bytes stored, Bytes base, MutableBytes out);

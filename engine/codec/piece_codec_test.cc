@@ -51,6 +51,47 @@ TEST(PieceCodecTest, EveryTransformRoundTripsForEveryWidthAndTail) {
   }
 }
 
+TEST(PieceCodecTest, EachTransformIsExactlyInvertedForEveryWidth) {
+  const CodecSpec spec = *CodecSpec::Parse("lz4");
+  std::mt19937_64 rng(11);
+  for (uint8_t width = 1; width <= kMaxPieceWidth; ++width) {
+    const size_t size = 3000 * width + width / 2;  // and a tail
+    Buffer base(size), raw(size);
+    for (size_t i = 0; i < size; ++i) {
+      base.data()[i] = static_cast<std::byte>(rng());
+      raw.data()[i] = static_cast<std::byte>(i % 5 == 0 ? rng() : static_cast<uint64_t>(base.data()[i]));
+    }
+    for (Transform t : {Transform::kPlanes, Transform::kXor, Transform::kSub}) {
+      Buffer stored = EncodePieceAs(spec, raw.bytes(), t, width, &base);
+      Buffer back(size);
+      ASSERT_TRUE(DecodePiece({t, width, spec.codec}, stored.bytes(), base.bytes(),
+                              back.mutable_bytes())
+                      .ok());
+      ASSERT_EQ(0, std::memcmp(back.data(), raw.data(), size))
+          << TransformName(t) << " width " << int{width};
+    }
+  }
+}
+
+TEST(PieceCodecTest, SubOfSmallChangesOfEitherSignLeavesHighPlanesZero) {
+  const size_t n = 1 << 14;
+  std::vector<uint32_t> a(n), b(n);
+  std::mt19937 rng(12);
+  for (size_t i = 0; i < n; ++i) {
+    a[i] = rng();
+    b[i] = a[i] + static_cast<uint32_t>(static_cast<int32_t>(rng() % 201) - 100);
+  }
+  Buffer base = ToBuffer(a.data(), n * 4), raw = ToBuffer(b.data(), n * 4);
+  Buffer stored = EncodePieceAs(*CodecSpec::Parse("none"), raw.bytes(), Transform::kSub, 4, &base);
+  // Uncompressed planes: segment headers of 5 bytes, then each plane of n bytes.
+  const std::byte* plane2 = stored.data() + 3 * 5 + 2 * n;
+  const std::byte* plane3 = stored.data() + 4 * 5 + 3 * n;
+  for (size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(plane2[i], std::byte{0}) << i;
+    ASSERT_EQ(plane3[i], std::byte{0}) << i;
+  }
+}
+
 TEST(PieceCodecTest, DeltaOfASmallUpdateBeatsPlanesWhichBeatPlain) {
   const CodecSpec spec = *CodecSpec::Parse("zstd:3");
   const size_t n = 256 << 10;  // 1 MiB of fp32
