@@ -6,13 +6,12 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
-#include <chrono>
-#include <thread>
-
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <thread>
 
 #include "engine/store/content_writer.h"
 #include "engine/store/store.h"
@@ -169,8 +168,9 @@ int Stats(const std::string& dir) {
       u(st->contents), u(st->logical_bytes), u(st->chunks), u(st->chunk_bytes), u(st->record_bytes),
       u(st->pack_bytes), u(st->packs));
   const auto& by = st->chunks_by_transform;
-  std::printf("plain chunks   %llu\nplanes chunks  %llu\ndelta chunks   %llu\nlongest chain  %llu\n",
-              u(by[0]), u(by[1]), u(by[2] + by[3]), u(st->max_depth));
+  std::printf(
+      "plain chunks   %llu\nplanes chunks  %llu\ndelta chunks   %llu\nlongest chain  %llu\n",
+      u(by[0]), u(by[1]), u(by[2] + by[3]), u(st->max_depth));
   if (st->logical_bytes > 0) {
     std::printf("stored/logical %.4f\n",
                 static_cast<double>(st->pack_bytes) / static_cast<double>(st->logical_bytes));
@@ -189,17 +189,21 @@ Result<size_t> ParseSize(const std::string& text) {
   }
   std::string unit = text.substr(pos);
   size_t mult = 1;
-  if (unit == "K" || unit == "k") mult = size_t{1} << 10;
-  else if (unit == "M" || unit == "m") mult = size_t{1} << 20;
-  else if (unit == "G" || unit == "g") mult = size_t{1} << 30;
-  else if (!unit.empty()) return Status::InvalidArgument("bad size unit in '" + text + "'");
+  if (unit == "K" || unit == "k")
+    mult = size_t{1} << 10;
+  else if (unit == "M" || unit == "m")
+    mult = size_t{1} << 20;
+  else if (unit == "G" || unit == "g")
+    mult = size_t{1} << 30;
+  else if (!unit.empty())
+    return Status::InvalidArgument("bad size unit in '" + text + "'");
   return static_cast<size_t>(v) * mult;
 }
 
 Status SetControl(const std::string& path, const char* name) {
   if (::setxattr(path.c_str(), name, "1", 1, 0) != 0) {
-    return Status::FromErrno(errno, std::string(name + 11) + " " + path +
-                                        " (is it inside a ckptfs mount?)");
+    return Status::FromErrno(
+        errno, std::string(name + 11) + " " + path + " (is it inside a ckptfs mount?)");
   }
   return Status::OK();
 }
@@ -282,7 +286,8 @@ int main(int argc, char** argv) {
   auto* verify =
       app.add_subcommand("verify", "check every record and reference; exit 1 on any problem");
   verify->add_option("STORE", store)->required();
-  auto* gc = app.add_subcommand("gc", "free unreferenced chunks and compact packs (STORE or a mount)");
+  auto* gc =
+      app.add_subcommand("gc", "free unreferenced chunks and compact packs (STORE or a mount)");
   gc->add_option("STORE", store)->required();
   gc->add_option("--rewrite-below", rewrite_below,
                  "rewrite packs whose live fraction is below this")
@@ -300,17 +305,20 @@ int main(int argc, char** argv) {
   mount->add_flag("-f,--foreground", margs.foreground, "stay in the foreground, log to stderr");
   mount->add_option("--cache-size", cache_size, "decoded-chunk cache, e.g. 128M")
       ->capture_default_str();
-  mount->add_option("--inflight", inflight_size, "bytes queued for compression before write() waits")
+  mount
+      ->add_option("--inflight", inflight_size, "bytes queued for compression before write() waits")
       ->capture_default_str();
   mount->add_option("--codec", codec, "none, lz4, zstd or zstd:LEVEL")->capture_default_str();
-  mount->add_option("--delta-chain", margs.max_delta_chain,
-                    "records a read may decode per chunk: a whole one and deltas on it; 1: "
-                    "no deltas")
+  mount
+      ->add_option("--delta-chain", margs.max_delta_chain,
+                   "records a read may decode per chunk: a whole one and deltas on it; 1: "
+                   "no deltas")
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
-  mount->add_option("--seal-after", seal_after,
-                    "seal a version this many seconds after a newer one exists and its files "
-                    "are closed; 0: only `ckptfs seal`")
+  mount
+      ->add_option("--seal-after", seal_after,
+                   "seal a version this many seconds after a newer one exists and its files "
+                   "are closed; 0: only `ckptfs seal`")
       ->capture_default_str();
   mount->add_option("-o", margs.fuse_options, "FUSE mount options (e.g. allow_other)");
   std::string mountpoint, version;

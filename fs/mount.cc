@@ -1,10 +1,10 @@
 #include "fs/mount.h"
 
+#include <fcntl.h>
+#include <malloc.h>
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
-#include <fcntl.h>
-#include <malloc.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
@@ -117,8 +117,9 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
   SetControlSocketPath((*control)->path().string());
 
   std::vector<std::string> argv_s = {"ckptfs", "-o",
-                                     "fsname=ckptfs:" + args.store + ",subtype=ckptfs,"
-                                     "default_permissions"};
+                                     "fsname=ckptfs:" + args.store +
+                                         ",subtype=ckptfs,"
+                                         "default_permissions"};
   for (const auto& o : args.fuse_options) {
     argv_s.push_back("-o");
     argv_s.push_back(o);
@@ -158,7 +159,7 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
   fuse_session_destroy(se);
   spdlog::info("unmounted {}; committing open files", args.mountpoint);
   control->reset();  // abandons versions not yet complete
-  fs->reset();  // commits everything close() accepted
+  fs->reset();       // commits everything close() accepted
   store->reset();
   spdlog::info("store {} closed", args.store);
   return rc == 0 ? 0 : 1;

@@ -72,14 +72,22 @@ template <Transform kT>
 void SplitPlanes(uint8_t width, const std::byte* raw, const std::byte* base, size_t elements,
                  std::byte* out) {
   switch (width) {
-    case 2: return SplitPlanesFixed<kT, 2>(raw, base, elements, out);
-    case 4: return SplitPlanesFixed<kT, 4>(raw, base, elements, out);
-    case 8: return SplitPlanesFixed<kT, 8>(raw, base, elements, out);
-    case 1: return SplitPlanesFixed<kT, 1>(raw, base, elements, out);
-    case 3: return SplitPlanesFixed<kT, 3>(raw, base, elements, out);
-    case 5: return SplitPlanesFixed<kT, 5>(raw, base, elements, out);
-    case 6: return SplitPlanesFixed<kT, 6>(raw, base, elements, out);
-    default: return SplitPlanesFixed<kT, 7>(raw, base, elements, out);
+    case 2:
+      return SplitPlanesFixed<kT, 2>(raw, base, elements, out);
+    case 4:
+      return SplitPlanesFixed<kT, 4>(raw, base, elements, out);
+    case 8:
+      return SplitPlanesFixed<kT, 8>(raw, base, elements, out);
+    case 1:
+      return SplitPlanesFixed<kT, 1>(raw, base, elements, out);
+    case 3:
+      return SplitPlanesFixed<kT, 3>(raw, base, elements, out);
+    case 5:
+      return SplitPlanesFixed<kT, 5>(raw, base, elements, out);
+    case 6:
+      return SplitPlanesFixed<kT, 6>(raw, base, elements, out);
+    default:
+      return SplitPlanesFixed<kT, 7>(raw, base, elements, out);
   }
 }
 
@@ -87,25 +95,36 @@ template <Transform kT>
 void JoinPlanes(uint8_t width, const std::byte* planes, const std::byte* base, size_t elements,
                 std::byte* raw) {
   switch (width) {
-    case 2: return JoinPlanesFixed<kT, 2>(planes, base, elements, raw);
-    case 4: return JoinPlanesFixed<kT, 4>(planes, base, elements, raw);
-    case 8: return JoinPlanesFixed<kT, 8>(planes, base, elements, raw);
-    case 1: return JoinPlanesFixed<kT, 1>(planes, base, elements, raw);
-    case 3: return JoinPlanesFixed<kT, 3>(planes, base, elements, raw);
-    case 5: return JoinPlanesFixed<kT, 5>(planes, base, elements, raw);
-    case 6: return JoinPlanesFixed<kT, 6>(planes, base, elements, raw);
-    default: return JoinPlanesFixed<kT, 7>(planes, base, elements, raw);
+    case 2:
+      return JoinPlanesFixed<kT, 2>(planes, base, elements, raw);
+    case 4:
+      return JoinPlanesFixed<kT, 4>(planes, base, elements, raw);
+    case 8:
+      return JoinPlanesFixed<kT, 8>(planes, base, elements, raw);
+    case 1:
+      return JoinPlanesFixed<kT, 1>(planes, base, elements, raw);
+    case 3:
+      return JoinPlanesFixed<kT, 3>(planes, base, elements, raw);
+    case 5:
+      return JoinPlanesFixed<kT, 5>(planes, base, elements, raw);
+    case 6:
+      return JoinPlanesFixed<kT, 6>(planes, base, elements, raw);
+    default:
+      return JoinPlanesFixed<kT, 7>(planes, base, elements, raw);
   }
 }
 
 void Split(Transform t, uint8_t width, Bytes raw, const std::byte* base, std::byte* out) {
   const size_t elements = raw.size() / width;
   switch (t) {
-    case Transform::kXor: SplitPlanes<Transform::kXor>(width, raw.data(), base, elements, out);
+    case Transform::kXor:
+      SplitPlanes<Transform::kXor>(width, raw.data(), base, elements, out);
       break;
-    case Transform::kSub: SplitPlanes<Transform::kSub>(width, raw.data(), base, elements, out);
+    case Transform::kSub:
+      SplitPlanes<Transform::kSub>(width, raw.data(), base, elements, out);
       break;
-    default: SplitPlanes<Transform::kPlanes>(width, raw.data(), base, elements, out);
+    default:
+      SplitPlanes<Transform::kPlanes>(width, raw.data(), base, elements, out);
   }
   // The tail (a piece that is not a whole number of elements) is kept bytewise.
   const size_t head = elements * width;
@@ -118,11 +137,14 @@ void Join(Transform t, uint8_t width, const std::byte* planes, const std::byte* 
           MutableBytes out) {
   const size_t elements = out.size() / width;
   switch (t) {
-    case Transform::kXor: JoinPlanes<Transform::kXor>(width, planes, base, elements, out.data());
+    case Transform::kXor:
+      JoinPlanes<Transform::kXor>(width, planes, base, elements, out.data());
       break;
-    case Transform::kSub: JoinPlanes<Transform::kSub>(width, planes, base, elements, out.data());
+    case Transform::kSub:
+      JoinPlanes<Transform::kSub>(width, planes, base, elements, out.data());
       break;
-    default: JoinPlanes<Transform::kPlanes>(width, planes, base, elements, out.data());
+    default:
+      JoinPlanes<Transform::kPlanes>(width, planes, base, elements, out.data());
   }
   const size_t head = elements * width;
   for (size_t k = head; k < out.size(); ++k) {
@@ -137,8 +159,8 @@ void PackSegments(const CodecSpec& spec, uint8_t width, Bytes planes, Buffer* ou
   out->Clear();
   Buffer compressed;
   for (size_t s = 0; s <= width; ++s) {
-    Bytes segment = s < width ? planes.subspan(s * elements, elements)
-                              : planes.subspan(width * elements);
+    Bytes segment =
+        s < width ? planes.subspan(s * elements, elements) : planes.subspan(width * elements);
     std::byte header[kSegmentHeaderBytes];
     Bytes body = segment;
     Codec codec = Codec::kNone;
@@ -157,8 +179,8 @@ Status UnpackSegments(uint8_t width, Bytes stored, MutableBytes planes) {
   const size_t elements = planes.size() / width;
   size_t pos = 0;
   for (size_t s = 0; s <= width; ++s) {
-    MutableBytes segment = s < width ? planes.subspan(s * elements, elements)
-                                     : planes.subspan(width * elements);
+    MutableBytes segment =
+        s < width ? planes.subspan(s * elements, elements) : planes.subspan(width * elements);
     if (stored.size() - pos < kSegmentHeaderBytes) {
       return Status::Corruption("piece: plane header is truncated");
     }
@@ -198,10 +220,14 @@ size_t PlainSize(const CodecSpec& spec, Bytes raw, Buffer* out) {
 
 std::string_view TransformName(Transform t) {
   switch (t) {
-    case Transform::kPlain: return "plain";
-    case Transform::kPlanes: return "planes";
-    case Transform::kXor: return "xor";
-    case Transform::kSub: return "sub";
+    case Transform::kPlain:
+      return "plain";
+    case Transform::kPlanes:
+      return "planes";
+    case Transform::kXor:
+      return "xor";
+    case Transform::kSub:
+      return "sub";
   }
   return "unknown";
 }

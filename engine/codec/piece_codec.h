@@ -40,15 +40,16 @@ inline bool IsDelta(Transform t) { return t == Transform::kXor || t == Transform
 
 struct PieceEncoding {
   Transform transform = Transform::kPlain;
-  uint8_t width = 1;  // element size in bytes (1..8); 1 for non-tensor bytes
+  uint8_t width = 1;           // element size in bytes (1..8); 1 for non-tensor bytes
   Codec codec = Codec::kNone;  // plain: how the payload is compressed; else informational
 };
 
 struct EncodedPiece {
   PieceEncoding encoding;
   Buffer stored;  // empty for plain with Codec::kNone: the raw bytes are the payload
-  bool stored_raw() const { return encoding.transform == Transform::kPlain &&
-                                   encoding.codec == Codec::kNone; }
+  bool stored_raw() const {
+    return encoding.transform == Transform::kPlain && encoding.codec == Codec::kNone;
+  }
 };
 
 // Encodes `raw`. `width` is the element size of the tensor the bytes belong to (1 if unknown);

@@ -25,8 +25,8 @@ Buffer ToBuffer(const void* data, size_t bytes) {
 
 void ExpectRoundTrip(const EncodedPiece& p, const Buffer& original, const Buffer* base) {
   Buffer back(original.size());
-  ASSERT_TRUE(DecodePiece(p.encoding, p.stored_raw() ? original.bytes() : p.stored.bytes(), base ? base->bytes() : Bytes{},
-                          back.mutable_bytes())
+  ASSERT_TRUE(DecodePiece(p.encoding, p.stored_raw() ? original.bytes() : p.stored.bytes(),
+                          base ? base->bytes() : Bytes{}, back.mutable_bytes())
                   .ok());
   ASSERT_EQ(0, std::memcmp(back.data(), original.data(), original.size()));
 }
@@ -59,14 +59,15 @@ TEST(PieceCodecTest, EachTransformIsExactlyInvertedForEveryWidth) {
     Buffer base(size), raw(size);
     for (size_t i = 0; i < size; ++i) {
       base.data()[i] = static_cast<std::byte>(rng());
-      raw.data()[i] = static_cast<std::byte>(i % 5 == 0 ? rng() : static_cast<uint64_t>(base.data()[i]));
+      raw.data()[i] =
+          static_cast<std::byte>(i % 5 == 0 ? rng() : static_cast<uint64_t>(base.data()[i]));
     }
     for (Transform t : {Transform::kPlanes, Transform::kXor, Transform::kSub}) {
       Buffer stored = EncodePieceAs(spec, raw.bytes(), t, width, &base);
       Buffer back(size);
-      ASSERT_TRUE(DecodePiece({t, width, spec.codec}, stored.bytes(), base.bytes(),
-                              back.mutable_bytes())
-                      .ok());
+      ASSERT_TRUE(
+          DecodePiece({t, width, spec.codec}, stored.bytes(), base.bytes(), back.mutable_bytes())
+              .ok());
       ASSERT_EQ(0, std::memcmp(back.data(), raw.data(), size))
           << TransformName(t) << " width " << int{width};
     }
@@ -135,7 +136,8 @@ TEST(PieceCodecTest, MalformedContainersAreCorruptionNotCrashes) {
   Buffer out(original.size());
   // Every truncation fails.
   for (size_t cut = 0; cut < p.stored.size(); cut += 97) {
-    EXPECT_FALSE(DecodePiece(p.encoding, p.stored.bytes().first(cut), {}, out.mutable_bytes()).ok());
+    EXPECT_FALSE(
+        DecodePiece(p.encoding, p.stored.bytes().first(cut), {}, out.mutable_bytes()).ok());
   }
   // Flipped bytes either fail or decode to something the caller's SHA-256 check rejects.
   std::mt19937 rng(5);

@@ -96,11 +96,20 @@ size_t LayoutScanner::Scan(Bytes data) {
   at_boundary_ = false;
   size_t n = data.size();
   switch (format_) {
-    case Mode::kDetect: n = ScanDetect(data); break;
-    case Mode::kZip: n = ScanZip(data); break;
-    case Mode::kSafetensorsHeader: n = ScanSafetensorsHeader(data); break;
-    case Mode::kSafetensors: n = ScanSafetensors(data); break;
-    case Mode::kDone: break;
+    case Mode::kDetect:
+      n = ScanDetect(data);
+      break;
+    case Mode::kZip:
+      n = ScanZip(data);
+      break;
+    case Mode::kSafetensorsHeader:
+      n = ScanSafetensorsHeader(data);
+      break;
+    case Mode::kSafetensors:
+      n = ScanSafetensors(data);
+      break;
+    case Mode::kDone:
+      break;
   }
   offset_ += n;
   return n;

@@ -14,13 +14,13 @@
 //   }
 //
 // It reads each ZIP local file header (signature, 30-byte fixed part, name, extra field) and
-// reports two cuts per entry: where its data starts and where it ends (one for an empty entry). Entries must be stored
-// (method 0) and not encrypted. The data's size comes from the header, from its ZIP64 extra
-// field (sizes 0xFFFFFFFF), or, with general-purpose flag bit 3, from the data descriptor that
-// follows the data: torch (miniz) writes every non-empty entry that way, with zero sizes in the
-// header and a 16-byte descriptor (24 bytes when the header has a ZIP64 extra field, i.e. for
-// entries of 4 GiB or more or at offsets of 4 GiB or more). Such an entry's end is found by
-// looking for a descriptor whose sizes equal the bytes since the data started (signature
+// reports two cuts per entry: where its data starts and where it ends (one for an empty entry).
+// Entries must be stored (method 0) and not encrypted. The data's size comes from the header, from
+// its ZIP64 extra field (sizes 0xFFFFFFFF), or, with general-purpose flag bit 3, from the data
+// descriptor that follows the data: torch (miniz) writes every non-empty entry that way, with zero
+// sizes in the header and a 16-byte descriptor (24 bytes when the header has a ZIP64 extra field,
+// i.e. for entries of 4 GiB or more or at offsets of 4 GiB or more). Such an entry's end is found
+// by looking for a descriptor whose sizes equal the bytes since the data started (signature
 // required), so its cut is learned only once the descriptor has been read: at most kMaxCutLag
 // bytes after the offset it names.
 //

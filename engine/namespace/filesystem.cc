@@ -1,7 +1,5 @@
 #include "engine/namespace/filesystem.h"
 
-#include "engine/util/coding.h"
-
 #include <fcntl.h>
 #include <linux/fs.h>
 #include <spdlog/spdlog.h>
@@ -10,6 +8,8 @@
 
 #include <atomic>
 #include <cerrno>
+
+#include "engine/util/coding.h"
 
 namespace ckptfs {
 namespace {
@@ -40,20 +40,24 @@ Status Errno(int err, std::string_view what) { return Status::FromErrno(err, wha
 // The in-memory state of a file that is open, or closed but not yet committed.
 struct FileSystem::OpenInode {
   explicit OpenInode(const Inode& inode)
-      : ino(inode.ino), version(inode.version), base(inode.content), size(inode.size),
-        size_view(inode.size), mtime_view(inode.mtime_ns) {}
+      : ino(inode.ino),
+        version(inode.version),
+        base(inode.content),
+        size(inode.size),
+        size_view(inode.size),
+        mtime_view(inode.mtime_ns) {}
   const Ino ino;
-  Ino version;               // GUARDED_BY(open_mu_)
-  int handles = 0;           // GUARDED_BY(open_mu_)
+  Ino version;      // GUARDED_BY(open_mu_)
+  int handles = 0;  // GUARDED_BY(open_mu_)
   std::atomic<bool> sealed{false};
 
   std::mutex mu;
-  ContentId base;            // GUARDED_BY(mu): committed content the bytes start from
-  uint64_t size;             // GUARDED_BY(mu)
-  bool dirty = false;        // GUARDED_BY(mu): differs from the committed inode
+  ContentId base;                         // GUARDED_BY(mu): committed content the bytes start from
+  uint64_t size;                          // GUARDED_BY(mu)
+  bool dirty = false;                     // GUARDED_BY(mu): differs from the committed inode
   std::unique_ptr<ContentWriter> writer;  // GUARDED_BY(mu): streaming mode
   FileDescriptor staging;                 // GUARDED_BY(mu): staging mode
-  Status error;              // GUARDED_BY(mu): a write or commit failed; bytes are lost
+  Status error;  // GUARDED_BY(mu): a write or commit failed; bytes are lost
   // Read without mu by GetAttr.
   std::atomic<uint64_t> size_view;
   std::atomic<int64_t> mtime_view;
@@ -202,7 +206,8 @@ Result<Inode> FileSystem::MakeNode(Ino parent, std::string_view name, uint32_t m
   }
   CKPTFS_RETURN_IF_ERROR(txn.PutCounter(kNextInoKey, n.ino));
   CKPTFS_RETURN_IF_ERROR(PutInode(txn, n));
-  CKPTFS_RETURN_IF_ERROR(txn.Put(Table::kDirents, DirentKey(parent, name), EncodeDirent(n.ino, mode)));
+  CKPTFS_RETURN_IF_ERROR(
+      txn.Put(Table::kDirents, DirentKey(parent, name), EncodeDirent(n.ino, mode)));
   dir.mtime_ns = dir.ctime_ns = n.ctime_ns;
   if (S_ISDIR(mode)) ++dir.nlink;
   CKPTFS_RETURN_IF_ERROR(PutInode(txn, dir));
@@ -230,11 +235,11 @@ Result<std::string> FileSystem::Readlink(Ino ino) {
 
 Status FileSystem::DropInode(Catalog::WriteTxn& txn, const Inode& inode) {
   std::vector<std::string> xattrs;
-  CKPTFS_RETURN_IF_ERROR(txn.ForEach(Table::kXattrs, XattrPrefix(inode.ino), "",
-                                     [&](auto key, auto) {
-                                       xattrs.emplace_back(key);
-                                       return true;
-                                     }));
+  CKPTFS_RETURN_IF_ERROR(
+      txn.ForEach(Table::kXattrs, XattrPrefix(inode.ino), "", [&](auto key, auto) {
+        xattrs.emplace_back(key);
+        return true;
+      }));
   for (const auto& key : xattrs) CKPTFS_RETURN_IF_ERROR(txn.Delete(Table::kXattrs, key));
   if (inode.content != 0) CKPTFS_RETURN_IF_ERROR(store_->ReleaseInTxn(txn, inode.content));
   return txn.Delete(Table::kInodes, InodeKey(inode.ino));
@@ -477,7 +482,8 @@ Result<size_t> FileSystem::ReadOnce(const Handle& h, uint64_t offset, MutableByt
 }
 
 Status FileSystem::ToStagingLocked(OpenInode& f) {
-  CKPTFS_ASSIGN_OR_RETURN(FileDescriptor fd, ckptfs::OpenFile(staging_dir_, O_TMPFILE | O_RDWR, 0600));
+  CKPTFS_ASSIGN_OR_RETURN(FileDescriptor fd,
+                          ckptfs::OpenFile(staging_dir_, O_TMPFILE | O_RDWR, 0600));
   Buffer buf(kCopyBytes);
   for (uint64_t off = 0; off < f.size;) {
     MutableBytes piece = buf.mutable_bytes().first(
@@ -914,7 +920,8 @@ Status FileSystem::Sync() {
     std::lock_guard lock(open_mu_);
     for (const auto& [ino, file] : open_files_) open.push_back(file);
   }
-  for (auto& file : open) CKPTFS_RETURN_IF_ERROR(Enqueue(CommitRequest{file, false, nullptr}, false));
+  for (auto& file : open)
+    CKPTFS_RETURN_IF_ERROR(Enqueue(CommitRequest{file, false, nullptr}, false));
   return Enqueue(CommitRequest{nullptr, false, nullptr}, /*wait=*/true);
 }
 
@@ -923,8 +930,9 @@ Status FileSystem::Seal(Ino ino) {
     CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginRead());
     CKPTFS_ASSIGN_OR_RETURN(Inode inode, MustGet(txn, ino));
     if (!inode.is_dir() || inode.parent != kRootIno) {
-      return Status::InvalidArgument("only a version (a directory at the top of the mount) can "
-                                     "be sealed");
+      return Status::InvalidArgument(
+          "only a version (a directory at the top of the mount) can "
+          "be sealed");
     }
     if (inode.sealed()) return Status::OK();
   }

@@ -153,7 +153,6 @@ class FileSystem {
   Status CheckVersionNameFree(std::string_view name);
   // ---- end of external_version.cc ---------------------------------------------------------
 
-
  private:
   struct OpenInode;
   // Per-handle read state: the reader (with its prefetch window) of the committed content.
@@ -168,7 +167,7 @@ class FileSystem {
   };
   struct CommitRequest {
     std::shared_ptr<OpenInode> file;  // null: a barrier
-    bool release = false;            // the last handle went: forget the open file afterwards
+    bool release = false;             // the last handle went: forget the open file afterwards
     std::shared_ptr<std::promise<Status>> done;
   };
 
@@ -207,12 +206,12 @@ class FileSystem {
 
   // Lock order: OpenInode::mu, then the catalog write transaction, then open_mu_.
   std::mutex open_mu_;
-  std::unordered_map<Ino, std::shared_ptr<OpenInode>> open_files_;  // GUARDED_BY(open_mu_)
-  std::unordered_map<uint64_t, Handle> handles_;                   // GUARDED_BY(open_mu_)
-  std::unordered_map<uint64_t, std::vector<DirEntry>> dir_handles_;  // GUARDED_BY(open_mu_)
+  std::unordered_map<Ino, std::shared_ptr<OpenInode>> open_files_;         // GUARDED_BY(open_mu_)
+  std::unordered_map<uint64_t, Handle> handles_;                           // GUARDED_BY(open_mu_)
+  std::unordered_map<uint64_t, std::vector<DirEntry>> dir_handles_;        // GUARDED_BY(open_mu_)
   std::map<Ino, std::chrono::steady_clock::time_point> version_activity_;  // GUARDED_BY(open_mu_)
-  std::set<Ino> sealing_;  // GUARDED_BY(open_mu_): versions whose Seal() is in progress
-  uint64_t next_handle_ = 1;                                        // GUARDED_BY(open_mu_)
+  std::set<Ino> sealing_;     // GUARDED_BY(open_mu_): versions whose Seal() is in progress
+  uint64_t next_handle_ = 1;  // GUARDED_BY(open_mu_)
 
   std::mutex queue_mu_;
   std::condition_variable queue_cv_;

@@ -148,9 +148,12 @@ Result<std::unique_ptr<Catalog>> Catalog::Open(const std::filesystem::path& dir)
   rc = mdb_txn_begin(c->env_, nullptr, 0, &txn);
   if (rc != 0) return LmdbError(rc, "begin");
   const std::pair<const char*, MDB_dbi*> tables[] = {
-      {"chunks", &c->t_.chunks},     {"packs", &c->t_.packs},
-      {"contents", &c->t_.contents}, {"content_chunks", &c->t_.content_chunks},
-      {"names", &c->t_.names},       {"meta", &c->t_.meta},
+      {"chunks", &c->t_.chunks},
+      {"packs", &c->t_.packs},
+      {"contents", &c->t_.contents},
+      {"content_chunks", &c->t_.content_chunks},
+      {"names", &c->t_.names},
+      {"meta", &c->t_.meta},
       {"inodes", &c->t_.raw[static_cast<int>(Table::kInodes)]},
       {"dirents", &c->t_.raw[static_cast<int>(Table::kDirents)]},
       {"xattrs", &c->t_.raw[static_cast<int>(Table::kXattrs)]},
@@ -308,10 +311,9 @@ Status Catalog::ReadTxn::ForEachName(
   });
 }
 
-Result<std::optional<std::string>> Catalog::ReadTxn::Get(Table table,
-                                                        std::string_view key) const {
-  CKPTFS_ASSIGN_OR_RETURN(auto v, LmdbGet(txn_, t_.raw[static_cast<int>(table)],
-                                              Val(key.data(), key.size())));
+Result<std::optional<std::string>> Catalog::ReadTxn::Get(Table table, std::string_view key) const {
+  CKPTFS_ASSIGN_OR_RETURN(
+      auto v, LmdbGet(txn_, t_.raw[static_cast<int>(table)], Val(key.data(), key.size())));
   if (!v) return std::optional<std::string>();
   return std::optional<std::string>(std::string(static_cast<const char*>(v->mv_data), v->mv_size));
 }
@@ -330,8 +332,8 @@ Status Catalog::ReadTxn::ForEach(
 }
 
 Status Catalog::WriteTxn::Put(Table table, std::string_view key, std::string_view value) {
-  return LmdbPut(txn_, t_.raw[static_cast<int>(table)], Val(key.data(), key.size()),
-                     value.data(), value.size());
+  return LmdbPut(txn_, t_.raw[static_cast<int>(table)], Val(key.data(), key.size()), value.data(),
+                 value.size());
 }
 
 Status Catalog::WriteTxn::Delete(Table table, std::string_view key) {

@@ -27,7 +27,8 @@ Status ContentWriter::SetReference(ContentId previous) {
   reference_sections_.clear();
   reference_.reset();
   if (!layout || store_->options().max_delta_chain <= 1) return Status::OK();
-  for (const LayoutSection& s : layout->sections) reference_sections_.emplace(std::string(SectionKey(s.name)), s.start);
+  for (const LayoutSection& s : layout->sections)
+    reference_sections_.emplace(std::string(SectionKey(s.name)), s.start);
   reference_ = previous;
   return Status::OK();
 }

@@ -97,13 +97,11 @@ Result<GcReport> Store::Gc(const GcOptions& options) {
       "gc: dropped {} chunks, stored {} deltas whole, moved {} records, deleted {} packs, {} -> "
       "{} bytes",
       report.chunks_dropped, report.deltas_rematerialized, report.records_moved,
-      report.packs_deleted,
-               report.pack_bytes_before, report.pack_bytes_after);
+      report.packs_deleted, report.pack_bytes_before, report.pack_bytes_after);
   return report;
 }
 
-Status Store::DropChunksInTxn(Catalog::WriteTxn& txn, std::vector<ChunkId> dead,
-                              GcReport* report) {
+Status Store::DropChunksInTxn(Catalog::WriteTxn& txn, std::vector<ChunkId> dead, GcReport* report) {
   // A dropped delta releases its base, which may go in turn. REQUIRES: mu_ held.
   while (!dead.empty()) {
     const ChunkId id = dead.back();
@@ -163,25 +161,11 @@ Status Store::RematerializeOrphanedDeltas(GcReport* report) {
         continue;
       }
       EncodedPiece piece = EncodePiece(options_.codec, raw->bytes(), row.width, nullptr);
-      RecordHeader header;
-      header.codec = piece.encoding.codec;
-      header.SetEncoding(piece.encoding.transform, piece.encoding.width);
-      header.raw_len = row.raw_len;
-      header.id = id;
       Buffer payload = piece.stored_raw() ? std::move(*raw) : std::move(piece.stored);
-      header.stored_len = static_cast<uint32_t>(payload.size());
-      header.payload_checksum = Checksum64(payload.bytes());
+      const RecordHeader header =
+          RecordHeader::For(id, row.raw_len, piece.encoding, payload.bytes());
       CKPTFS_ASSIGN_OR_RETURN(PackLocation loc, packs_->Append(header, std::move(payload)));
-      ChunkRow whole = row;
-      whole.pack_id = loc.pack_id;
-      whole.offset = loc.offset;
-      whole.length = loc.length;
-      whole.codec = header.codec;
-      whole.checksum = header.payload_checksum;
-      whole.transform = piece.encoding.transform;
-      whole.width = piece.encoding.width;
-      whole.base = ChunkId{};
-      whole.depth = 1;
+      ChunkRow whole = RowOf(header, loc);
       bytes += row.raw_len;
       batch.emplace_back(id, row);
       fresh.push_back(whole);

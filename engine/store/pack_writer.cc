@@ -12,7 +12,7 @@ namespace ckptfs {
 namespace {
 constexpr unsigned kRingDepth = 64;
 constexpr uint64_t kWritebackBytes = 8 << 20;
-}
+}  // namespace
 
 struct PackWriter::InflightWrite {
   uint32_t pack_id = 0;

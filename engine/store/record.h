@@ -50,6 +50,19 @@ struct RecordHeader {
     flags = static_cast<uint16_t>(static_cast<uint16_t>(t) | ((width - 1) & 0x7) << 4);
   }
 
+  // The header of the record that stores `payload`, chunk `id` (raw_len bytes) encoded so.
+  static RecordHeader For(const ChunkId& id, uint32_t raw_len, const PieceEncoding& encoding,
+                          Bytes payload) {
+    RecordHeader h;
+    h.codec = encoding.codec;
+    h.SetEncoding(encoding.transform, encoding.width);
+    h.raw_len = raw_len;
+    h.stored_len = static_cast<uint32_t>(payload.size());
+    h.id = id;
+    h.payload_checksum = Checksum64(payload);
+    return h;
+  }
+
   void EncodeTo(std::byte out[kRecordHeaderBytes]) const;
   // Returns Corruption when the magic, version or header checksum is wrong, a length is out of
   // bounds or the flags name an unknown encoding.

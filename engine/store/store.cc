@@ -227,8 +227,7 @@ Result<std::optional<ChunkRow>> Store::PinIfStored(const ChunkId& id) {
   return std::optional<ChunkRow>(p.row);
 }
 
-std::optional<std::pair<ChunkId, ChunkRow>> Store::PinDeltaBase(ContentId content,
-                                                                uint64_t offset,
+std::optional<std::pair<ChunkId, ChunkRow>> Store::PinDeltaBase(ContentId content, uint64_t offset,
                                                                 uint32_t length) {
   std::optional<ChunkRef> ref;
   {
@@ -250,6 +249,19 @@ std::optional<std::pair<ChunkId, ChunkRow>> Store::PinDeltaBase(ContentId conten
   return std::make_pair(ref->id, **row);
 }
 
+ChunkRow Store::RowOf(const RecordHeader& header, const PackLocation& loc) {
+  ChunkRow row;
+  row.pack_id = loc.pack_id;
+  row.offset = loc.offset;
+  row.length = loc.length;
+  row.raw_len = header.raw_len;
+  row.codec = header.codec;
+  row.checksum = header.payload_checksum;
+  row.transform = header.transform();
+  row.width = header.width();
+  return row;
+}
+
 Result<ChunkRow> Store::PutChunk(const ChunkId& id, Buffer raw, const PieceHint& hint) {
   CKPTFS_ASSIGN_OR_RETURN(std::optional<ChunkRow> stored, PinIfStored(id));
   if (stored) return *stored;
@@ -266,11 +278,6 @@ Result<ChunkRow> Store::PutChunk(const ChunkId& id, Buffer raw, const PieceHint&
   }
   EncodedPiece piece = EncodePiece(options_.codec, raw.bytes(), hint.width, base.get());
   const bool delta = IsDelta(piece.encoding.transform);
-  RecordHeader header;
-  header.codec = piece.encoding.codec;
-  header.SetEncoding(piece.encoding.transform, piece.encoding.width);
-  header.raw_len = static_cast<uint32_t>(raw.size());
-  header.id = id;
   Buffer payload;
   if (delta) {
     payload = Buffer(kChunkIdBytes + piece.stored.size());
@@ -279,27 +286,19 @@ Result<ChunkRow> Store::PutChunk(const ChunkId& id, Buffer raw, const PieceHint&
   } else if (!piece.stored_raw()) {
     payload = std::move(piece.stored);
   }
+  const uint32_t raw_len = static_cast<uint32_t>(raw.size());
   if (hint.cache) {
     if (payload.empty() && !raw.empty()) payload = Buffer(raw.bytes());  // raw is cached too
     cache_.Insert(id, std::make_shared<const Buffer>(std::move(raw)));
   } else if (payload.empty()) {
     payload = std::move(raw);  // stored as it is: no copy
   }
-  header.stored_len = static_cast<uint32_t>(payload.size());
-  header.payload_checksum = Checksum64(payload.bytes());
+  const RecordHeader header = RecordHeader::For(id, raw_len, piece.encoding, payload.bytes());
   // Appended and pinned under gc_mu_, so that gc never finds a record neither pinned nor
   // committed in a pack it is about to rewrite.
   std::shared_lock gc(gc_mu_);
   CKPTFS_ASSIGN_OR_RETURN(PackLocation loc, packs_->Append(header, std::move(payload)));
-  ChunkRow row;
-  row.pack_id = loc.pack_id;
-  row.offset = loc.offset;
-  row.length = loc.length;
-  row.raw_len = header.raw_len;
-  row.codec = header.codec;
-  row.checksum = header.payload_checksum;
-  row.transform = piece.encoding.transform;
-  row.width = piece.encoding.width;
+  ChunkRow row = RowOf(header, loc);
   if (delta) {
     row.base = hint.base->first;
     row.depth = static_cast<uint8_t>(hint.base->second.depth + 1);
@@ -567,8 +566,8 @@ Result<Buffer> Store::DecodeRecord(const ChunkId& id, const ChunkRow& row,
   const std::string where = Where(row.pack_id, row.offset);
   CKPTFS_ASSIGN_OR_RETURN(Buffer record, ReadRecord(id, row));
   CKPTFS_ASSIGN_OR_RETURN(RecordHeader header, RecordHeader::Decode(record.bytes()));
-  if (header.transform() != row.transform || (row.transform != Transform::kPlain &&
-                                              header.width() != row.width)) {
+  if (header.transform() != row.transform ||
+      (row.transform != Transform::kPlain && header.width() != row.width)) {
     return Status::Corruption(where + ": record encoding does not match the catalog");
   }
   Bytes payload = record.bytes().subspan(kRecordHeaderBytes);

@@ -87,7 +87,7 @@ struct StoreStats {
   uint64_t pack_bytes = 0;     // pack files on disk
   uint64_t packs = 0;
   uint64_t chunks_by_transform[4] = {};  // indexed by Transform: plain, planes, xor, sub
-  uint32_t max_depth = 0;                 // the longest delta chain
+  uint32_t max_depth = 0;                // the longest delta chain
 };
 
 // How one content's chunks are encoded (Store::DescribeContent).
@@ -173,8 +173,7 @@ class Store {
   };
   // Creates an empty pack (header only, owned by uid:gid) with an id the store's own writer
   // never uses, for another process to append records to.
-  Result<std::pair<uint32_t, std::filesystem::path>> CreateExternalPack(uint32_t uid,
-                                                                         uint32_t gid);
+  Result<std::pair<uint32_t, std::filesystem::path>> CreateExternalPack(uint32_t uid, uint32_t gid);
   // Checks that the records of `chunks` tile the pack from its header to `length`, each with
   // a valid header, the claimed id and length, a plain encoding and a matching payload
   // checksum; fills their rows and syncs the pack. Corruption names the pack and offset.
@@ -253,6 +252,8 @@ class Store {
   // REQUIRES: gc_mu_ exclusive and mu_ held.
   Status DropChunksInTxn(Catalog::WriteTxn& txn, std::vector<ChunkId> dead, GcReport* report);
   Status RematerializeOrphanedDeltas(GcReport* report);
+  // The catalog row of a record appended at `loc` (no delta base, no references).
+  static ChunkRow RowOf(const RecordHeader& header, const PackLocation& loc);
   uint64_t PackBytesOnDisk() const;
 
   const std::filesystem::path dir_;
