@@ -149,16 +149,37 @@ Status FileSystem::CheckWritable(const Catalog::ReadTxn& txn, const Inode& inode
 }
 
 Result<Inode> FileSystem::Lookup(Ino parent, std::string_view name) {
+  if (IsViewIno(parent)) return ViewLookup(parent, name);  // views.cc
   std::optional<Ino> child;
   {
     CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginRead());
     CKPTFS_ASSIGN_OR_RETURN(child, GetDirent(txn, parent, name));
   }
-  if (!child) return Status::NotFound(std::string(name));
+  if (!child) return ViewLookup(parent, name);  // a hidden view name, else NotFound
+  NoteLookup(*child, name);
   return GetAttr(*child);
 }
 
+bool FileSystem::IsOptimizerStateName(std::string_view name) {
+  return name.find("optim") != std::string_view::npos;
+}
+
+void FileSystem::NoteLookup(Ino ino, std::string_view name) {
+  constexpr size_t kMaxNoted = 1 << 16;  // a few hundred KiB at most; forgetting is harmless
+  if (!IsOptimizerStateName(name)) return;
+  std::lock_guard lock(priority_mu_);
+  if (optimizer_inos_.size() >= kMaxNoted) optimizer_inos_.clear();
+  optimizer_inos_.insert(ino);
+}
+
+WorkerPool::Priority FileSystem::PrefetchPriorityOf(Ino ino) {
+  std::lock_guard lock(priority_mu_);
+  return optimizer_inos_.count(ino) != 0 ? WorkerPool::Priority::kLow
+                                         : WorkerPool::Priority::kNormal;
+}
+
 Result<Inode> FileSystem::GetAttr(Ino ino) {
+  if (IsViewIno(ino)) return ViewInode(ino);  // views.cc
   Inode inode;
   {
     CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginRead());
@@ -176,6 +197,7 @@ Result<Inode> FileSystem::GetAttr(Ino ino) {
 Result<Inode> FileSystem::MakeNode(Ino parent, std::string_view name, uint32_t mode,
                                    const Caller& caller, std::string_view symlink) {
   CKPTFS_RETURN_IF_ERROR(CheckName(name));
+  if (IsViewIno(parent)) return Status::ReadOnly("views are read-only");
   CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginWrite());
   CKPTFS_ASSIGN_OR_RETURN(Inode dir, MustGet(txn, parent));
   if (!dir.is_dir()) return Errno(ENOTDIR, "parent");
@@ -261,6 +283,7 @@ Status FileSystem::RemoveEntry(Catalog::WriteTxn& txn, Ino parent, std::string_v
 }
 
 Status FileSystem::Unlink(Ino parent, std::string_view name) {
+  if (IsViewIno(parent)) return Status::ReadOnly("views are read-only");
   CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginWrite());
   CKPTFS_ASSIGN_OR_RETURN(std::optional<Ino> ino, GetDirent(txn, parent, name));
   if (!ino) return Status::NotFound(std::string(name));
@@ -272,6 +295,7 @@ Status FileSystem::Unlink(Ino parent, std::string_view name) {
 }
 
 Status FileSystem::Rmdir(Ino parent, std::string_view name) {
+  if (IsViewIno(parent)) return Status::ReadOnly("views are read-only");
   CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginWrite());
   CKPTFS_ASSIGN_OR_RETURN(std::optional<Ino> ino, GetDirent(txn, parent, name));
   if (!ino) return Status::NotFound(std::string(name));
@@ -292,6 +316,7 @@ Status FileSystem::Rename(Ino parent, std::string_view name, Ino new_parent,
     return Status::InvalidArgument("only RENAME_NOREPLACE is supported");
   }
   CKPTFS_RETURN_IF_ERROR(CheckName(new_name));
+  if (IsViewIno(parent) || IsViewIno(new_parent)) return Status::ReadOnly("views are read-only");
   CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginWrite());
   CKPTFS_ASSIGN_OR_RETURN(std::optional<Ino> src_ino, GetDirent(txn, parent, name));
   if (!src_ino) return Status::NotFound(std::string(name));
@@ -391,6 +416,7 @@ Result<FileSystem::Handle> FileSystem::GetHandle(uint64_t fh) {
 }
 
 Result<uint64_t> FileSystem::Open(Ino ino, int flags) {
+  if (IsViewIno(ino)) return ViewOpen(ino, flags);  // views.cc
   Inode inode;
   {
     CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginRead());
@@ -438,6 +464,7 @@ Result<std::pair<Inode, uint64_t>> FileSystem::Create(Ino parent, std::string_vi
 }
 
 Result<size_t> FileSystem::Read(uint64_t fh, uint64_t offset, MutableBytes out) {
+  if (IsViewHandle(fh)) return ViewRead(fh, offset, out);  // views.cc
   CKPTFS_ASSIGN_OR_RETURN(Handle h, GetHandle(fh));
   return ReadOnce(h, offset, out, 0);
 }
@@ -468,8 +495,8 @@ Result<size_t> FileSystem::ReadOnce(const Handle& h, uint64_t offset, MutableByt
   {
     std::lock_guard lock(h.read_ahead->mu);
     if (!h.read_ahead->reader || h.read_ahead->reader->id() != content) {
-      h.read_ahead->reader =
-          std::make_shared<ContentReader>(store_, content, options_.readahead_bytes);
+      h.read_ahead->reader = std::make_shared<ContentReader>(
+          store_, content, options_.readahead_bytes, PrefetchPriorityOf(h.file->ino));
     }
     reader = h.read_ahead->reader;
   }
@@ -572,6 +599,7 @@ std::optional<ContentId> FileSystem::PreviousVersionContent(Ino ino) {
 }
 
 Status FileSystem::Write(uint64_t fh, uint64_t offset, Bytes data) {
+  if (IsViewHandle(fh)) return Status::ReadOnly("views are read-only");
   CKPTFS_ASSIGN_OR_RETURN(Handle h, GetHandle(fh));
   OpenInode& f = *h.file;
   std::lock_guard lock(f.mu);  // Seal() commits under this lock: check after taking it
@@ -663,17 +691,32 @@ Status FileSystem::CommitLocked(OpenInode& f) {
 }
 
 Status FileSystem::Flush(uint64_t fh) {
+  if (IsViewHandle(fh)) return Status::OK();
   CKPTFS_ASSIGN_OR_RETURN(Handle h, GetHandle(fh));
   std::lock_guard lock(h.file->mu);
   return h.file->error;
 }
 
 Status FileSystem::Fsync(uint64_t fh) {
+  if (IsViewHandle(fh)) return Status::OK();
   CKPTFS_ASSIGN_OR_RETURN(Handle h, GetHandle(fh));
   return Enqueue(CommitRequest{h.file, false, nullptr}, /*wait=*/true);
 }
 
+// For views (views.cc): commits `ino` now if it is closed with a commit still queued.
+Status FileSystem::CommitIfClosed(Ino ino) {
+  std::shared_ptr<OpenInode> pending;
+  {
+    std::lock_guard lock(open_mu_);
+    auto it = open_files_.find(ino);
+    if (it != open_files_.end() && it->second->handles == 0) pending = it->second;
+  }
+  if (!pending) return Status::OK();
+  return Enqueue(CommitRequest{std::move(pending), false, nullptr}, /*wait=*/true);
+}
+
 Status FileSystem::Release(uint64_t fh) {
+  if (IsViewHandle(fh)) return ViewRelease(fh);  // views.cc
   std::shared_ptr<OpenInode> file;
   {
     std::lock_guard lock(open_mu_);
@@ -751,7 +794,9 @@ void FileSystem::RunCommitter() {
 
 Result<uint64_t> FileSystem::OpenDir(Ino ino) {
   std::vector<DirEntry> entries;
-  {
+  if (IsViewIno(ino)) {
+    CKPTFS_ASSIGN_OR_RETURN(entries, ViewListDir(ino));  // views.cc
+  } else {
     CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginRead());
     CKPTFS_ASSIGN_OR_RETURN(Inode dir, MustGet(txn, ino));
     if (!dir.is_dir()) return Errno(ENOTDIR, "opendir");
@@ -793,6 +838,7 @@ void FileSystem::ReleaseDir(uint64_t dh) {
 }
 
 Result<Inode> FileSystem::SetAttr(Ino ino, const SetAttrRequest& req) {
+  if (IsViewIno(ino)) return Status::ReadOnly("views are read-only");
   if (req.size) {
     CKPTFS_ASSIGN_OR_RETURN(uint64_t fh, Open(ino, O_WRONLY));
     Status s;
@@ -854,6 +900,7 @@ Status FileSystem::SetXattr(Ino ino, std::string_view name, std::string_view val
     return store_->Gc().status();
   }
   if (name.substr(0, 5) != "user.") return Status::NotSupported("only user.* attributes");
+  if (IsViewIno(ino)) return Status::ReadOnly("views are read-only");
   if (value.size() > 64 * 1024) return Errno(E2BIG, "xattr value");
   CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginWrite());
   CKPTFS_ASSIGN_OR_RETURN(Inode inode, MustGet(txn, ino));
@@ -870,8 +917,13 @@ Result<std::string> FileSystem::GetXattr(Ino ino, std::string_view name) {
   if (name == "user.ckptfs.pid") return std::to_string(::getpid());
   if (name == "user.ckptfs.stats") {
     CKPTFS_ASSIGN_OR_RETURN(StoreStats st, store_->Stats());
-    return "logical_bytes " + std::to_string(st.logical_bytes) + "\npack_bytes " +
-           std::to_string(st.pack_bytes) + "\nchunks " + std::to_string(st.chunks) + "\n";
+    std::string out = "logical_bytes " + std::to_string(st.logical_bytes) + "\npack_bytes " +
+                      std::to_string(st.pack_bytes) + "\nchunks " + std::to_string(st.chunks) +
+                      "\n";
+    // Read counters since mount (docs/views.md): what readers cost the packs.
+    out += "pack_read_bytes " + std::to_string(store_->pack_read_bytes()) + "\n";
+    out += "pack_reads " + std::to_string(store_->pack_reads()) + "\n";
+    return out;
   }
   if (name == "user.ckptfs.sealed") {
     CKPTFS_ASSIGN_OR_RETURN(Inode inode, MustGet(txn, ino));
@@ -896,6 +948,7 @@ Result<std::vector<std::string>> FileSystem::ListXattr(Ino ino) {
 }
 
 Status FileSystem::RemoveXattr(Ino ino, std::string_view name) {
+  if (IsViewIno(ino)) return Status::ReadOnly("views are read-only");
   CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginWrite());
   CKPTFS_ASSIGN_OR_RETURN(Inode inode, MustGet(txn, ino));
   CKPTFS_RETURN_IF_ERROR(CheckWritable(txn, inode));

@@ -44,12 +44,15 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "engine/namespace/inode.h"
 #include "engine/store/content_reader.h"
 #include "engine/store/content_writer.h"
 #include "engine/store/store.h"
+#include "engine/views/precision_view.h"
+#include "engine/views/tensor_view.h"
 
 namespace ckptfs {
 
@@ -153,6 +156,14 @@ class FileSystem {
   Status CheckVersionNameFree(std::string_view name);
   // ---- end of external_version.cc ---------------------------------------------------------
 
+  // ---- Derived read-only views (engine/namespace/views.cc, docs/views.md) -----------------
+  // Virtual inodes and handles of views have these bits set; real ones never do.
+  static constexpr Ino kViewInoBit = Ino{1} << 62;
+  static constexpr uint64_t kViewHandleBit = uint64_t{1} << 62;
+  static bool IsViewIno(Ino ino) { return (ino & kViewInoBit) != 0; }
+  static bool IsViewHandle(uint64_t fh) { return (fh & kViewHandleBit) != 0; }
+  // ---- end of views ----------------------------------------------------------------------
+
  private:
   struct OpenInode;
   // Per-handle read state: the reader (with its prefetch window) of the committed content.
@@ -199,6 +210,34 @@ class FileSystem {
   Status CommitAndMarkSealed(Ino ino, const std::vector<std::shared_ptr<OpenInode>>& files);
   void RunCommitter();
   void RunSealer();
+
+  // Restore order: reads of optimizer-state files (a name that contains "optim", as DeepSpeed's
+  // *_optim_states.pt and HF's optimizer.pt do) prefetch at WorkerPool::Priority::kLow, so
+  // that the model's parameters load first. Names are learned as the kernel looks them up.
+  static bool IsOptimizerStateName(std::string_view name);
+  void NoteLookup(Ino ino, std::string_view name);
+  WorkerPool::Priority PrefetchPriorityOf(Ino ino);
+  std::mutex priority_mu_;
+  std::unordered_set<Ino> optimizer_inos_;  // GUARDED_BY(priority_mu_); bounded, see NoteLookup
+
+  // ---- Views (engine/namespace/views.cc) --------------------------------------------------
+  struct ViewState;
+  static std::shared_ptr<ViewState> MakeViewState();
+  SourceReader ContentSource(ContentId content) const;
+  Result<std::shared_ptr<const TensorView>> TensorViewOf(const Inode& file,
+                                                         std::optional<DType> to);
+  Result<std::shared_ptr<PrecisionPlan>> PrecisionPlanOf(const Inode& file, DType to);
+  Result<Inode> ViewReal(Ino ino);
+  Status CommitIfClosed(Ino ino);  // in filesystem.cc
+  Result<Inode> ViewInode(Ino ino);
+  // A hidden name under a real directory, or any name under a view directory. NotFound if none.
+  Result<Inode> ViewLookup(Ino parent, std::string_view name);
+  Result<uint64_t> ViewOpen(Ino ino, int flags);
+  Result<size_t> ViewRead(uint64_t fh, uint64_t offset, MutableBytes out);
+  Status ViewRelease(uint64_t fh);
+  Result<std::vector<DirEntry>> ViewListDir(Ino ino);
+  const std::shared_ptr<ViewState> views_ = MakeViewState();
+  // ---- end of views ----------------------------------------------------------------------
 
   Store* const store_;
   const FileSystemOptions options_;

@@ -470,7 +470,8 @@ Result<size_t> Store::Read(ContentId id, uint64_t offset, MutableBytes out) cons
   return done;
 }
 
-void Store::Prefetch(ContentId id, uint64_t offset, uint64_t length) const {
+void Store::Prefetch(ContentId id, uint64_t offset, uint64_t length,
+                     WorkerPool::Priority priority) const {
   std::vector<std::pair<ChunkId, ChunkRow>> todo;
   {
     std::shared_lock gc(gc_mu_);
@@ -486,10 +487,12 @@ void Store::Prefetch(ContentId id, uint64_t offset, uint64_t length) const {
     });
   }
   for (const auto& [chunk, row] : todo) {
-    pool_->Submit([this, chunk, row] {
-      std::shared_lock gc(gc_mu_);  // the row's location is valid while gc cannot move it
-      (void)LoadChunk(chunk, row);  // errors surface when the data is really read
-    });
+    pool_->Submit(
+        [this, chunk, row] {
+          std::shared_lock gc(gc_mu_);  // the row's location is valid while gc cannot move it
+          (void)LoadChunk(chunk, row);  // errors surface when the data is really read
+        },
+        priority);
   }
 }
 
@@ -512,6 +515,8 @@ Result<Buffer> Store::ReadRecord(const ChunkId& id, const ChunkRow& row) const {
   Buffer record(row.length);
   Status s = PReadFull(fd->get(), row.offset, record.mutable_bytes(), PackPath(row.pack_id));
   if (!s.ok()) return s.IsCorruption() ? Status::Corruption(where + ": " + s.message()) : s;
+  pack_read_bytes_.fetch_add(row.length, std::memory_order_relaxed);
+  pack_reads_.fetch_add(1, std::memory_order_relaxed);
   auto header = RecordHeader::Decode(record.bytes());
   if (!header.ok()) return Status::Corruption(where + ": " + header.status().message());
   Bytes payload = record.bytes().subspan(kRecordHeaderBytes);

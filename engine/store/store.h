@@ -145,8 +145,10 @@ class Store {
   Result<ContentEncoding> DescribeContent(ContentId id) const;
   // Reads up to out.size() bytes at offset; returns the count (short only at the end).
   Result<size_t> Read(ContentId id, uint64_t offset, MutableBytes out) const;
-  // Loads the chunks of [offset, offset + length) into the cache in the background.
-  void Prefetch(ContentId id, uint64_t offset, uint64_t length) const;
+  // Loads the chunks of [offset, offset + length) into the cache in the background. kLow
+  // prefetch runs only when no write and no other prefetch waits for the worker pool.
+  void Prefetch(ContentId id, uint64_t offset, uint64_t length,
+                WorkerPool::Priority priority = WorkerPool::Priority::kNormal) const;
   // Drops a content and its chunk references; unreferenced chunks go at the next Gc().
   Status Release(ContentId id);
   // The same inside a caller's transaction (the FUSE layer swaps contents atomically).
@@ -193,6 +195,9 @@ class Store {
   bool using_io_uring() const { return packs_->using_io_uring(); }
   // The most raw bytes queued in the write pipeline at once since Open.
   size_t inflight_peak_bytes() const { return inflight_.peak(); }
+  // Bytes (and records) read from pack files since Open: what readers cost the disk.
+  uint64_t pack_read_bytes() const { return pack_read_bytes_.load(std::memory_order_relaxed); }
+  uint64_t pack_reads() const { return pack_reads_.load(std::memory_order_relaxed); }
 
  private:
   friend class ContentWriter;
@@ -274,7 +279,9 @@ class Store {
   using LoadResult = Result<std::shared_ptr<const Buffer>>;
   mutable std::mutex loading_mu_;
   mutable std::unordered_map<ChunkId, std::shared_future<LoadResult>>
-      loading_;  // GUARDED_BY(loading_mu_)
+      loading_;                                       // GUARDED_BY(loading_mu_)
+  mutable std::atomic<uint64_t> pack_read_bytes_{0};  // counted by ReadRecord
+  mutable std::atomic<uint64_t> pack_reads_{0};
   mutable std::mutex fd_mu_;
   mutable std::unordered_map<uint32_t, std::shared_ptr<FileDescriptor>>
       read_fds_;  // GUARDED_BY(fd_mu_)

@@ -18,10 +18,10 @@ WorkerPool::~WorkerPool() {
   for (auto& t : threads_) t.join();
 }
 
-void WorkerPool::Submit(std::function<void()> task) {
+void WorkerPool::Submit(std::function<void()> task, Priority priority) {
   {
     std::lock_guard lock(mu_);
-    queue_.push_back(std::move(task));
+    queues_[static_cast<int>(priority)].push_back(std::move(task));
   }
   cv_.notify_one();
 }
@@ -31,10 +31,17 @@ void WorkerPool::Run() {
     std::function<void()> task;
     {
       std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping and drained
-      task = std::move(queue_.front());
-      queue_.pop_front();
+      auto next = [&]() -> std::deque<std::function<void()>>* {
+        for (auto& q : queues_) {
+          if (!q.empty()) return &q;
+        }
+        return nullptr;
+      };
+      cv_.wait(lock, [&] { return stopping_ || next() != nullptr; });
+      std::deque<std::function<void()>>* q = next();
+      if (q == nullptr) return;  // stopping and drained
+      task = std::move(q->front());
+      q->pop_front();
     }
     task();
   }

@@ -1,6 +1,7 @@
 // engine/util/worker_pool.h
 //
-// A fixed set of threads running submitted tasks in FIFO order, and ByteBudget, the counting
+// A fixed set of threads running submitted tasks, FIFO within each of three priorities (a
+// task runs only when no task of a higher priority is queued), and ByteBudget, the counting
 // semaphore in bytes that bounds what the write pipeline holds in memory:
 //
 //   budget.Acquire(chunk.size());                  // blocks while the pipeline is full
@@ -12,6 +13,7 @@
 
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <mutex>
@@ -27,15 +29,18 @@ class WorkerPool {
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;
 
-  void Submit(std::function<void()> task);
+  // kHigh: nothing uses it yet; kNormal: writes and most prefetch; kLow: prefetch that must
+  // not delay the rest (optimizer state on restore).
+  enum class Priority : uint8_t { kHigh = 0, kNormal = 1, kLow = 2 };
+  void Submit(std::function<void()> task, Priority priority = Priority::kNormal);
   int size() const { return static_cast<int>(threads_.size()); }
 
  private:
   void Run();
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;  // GUARDED_BY(mu_)
-  bool stopping_ = false;                    // GUARDED_BY(mu_)
+  std::deque<std::function<void()>> queues_[3];  // GUARDED_BY(mu_): by Priority
+  bool stopping_ = false;                        // GUARDED_BY(mu_)
   std::vector<std::thread> threads_;
 };
 

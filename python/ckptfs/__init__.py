@@ -4,6 +4,9 @@
     h.staged()   # tensors may be modified again
     h.wait()     # durable, visible in the mount
     part = ckptfs.load_sharded("/mnt/ckpt/global_step100", rank=r, world_size=new_w)
+    sd = ckptfs.lazy_load("/mnt/ckpt/v1/model.pt", filter=["module.*"], dtype="bf16")
+    sd["module.head.weight"]   # each tensor read from the mount on first access only
 """
+from .lazy import lazy_load  # noqa: F401
 from .sharded import load_sharded, read_safetensors, split_state_dict  # noqa: F401
 from .snapshot import SnapshotError, fingerprint, snapshot  # noqa: F401

@@ -1,0 +1,348 @@
+// FileSystem members for the derived, read-only views (docs/views.md):
+//
+//   VERSION@bf16/ VERSION@fp16/ VERSION@fp32/   (at the root) the version with every .pt /
+//                                               .safetensors file's floating tensors converted
+//   FILE@tensors/                               (beside any checkpoint file, also inside a
+//                                               precision view) index.json + one .npy per tensor
+//
+// None of these names is listed by readdir; a real entry of the same name wins. Virtual inode
+// numbers have kViewInoBit set and index a table that only grows, so they are stable while
+// mounted. Every change through a view fails with EROFS.
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+
+#include <deque>
+
+#include "engine/namespace/filesystem.h"
+#include "engine/views/precision_view.h"
+#include "engine/views/tensor_view.h"
+
+namespace ckptfs {
+namespace {
+
+constexpr std::string_view kTensorsSuffix = "@tensors";
+constexpr size_t kMaxCachedViews = 256;
+
+struct PrecisionName {
+  std::string_view suffix;
+  DType dtype;
+};
+constexpr PrecisionName kPrecisions[] = {
+    {"@bf16", DType::kBF16}, {"@fp16", DType::kF16}, {"@fp32", DType::kF32}};
+
+Status Errno(int err, std::string_view what) { return Status::FromErrno(err, what); }
+
+bool IsNotSupported(const Status& s) { return s.code() == Status::Code::kNotSupported; }
+
+bool EndsWith(std::string_view s, std::string_view suffix) {
+  return s.size() > suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+}  // namespace
+
+struct FileSystem::ViewState {
+  struct Node {
+    enum class Kind : uint8_t { kTensorDir, kTensorFile, kPrecisionDir, kPrecisionFile };
+    Kind kind;
+    Ino real;                 // the real file (tensor dir/file, precision file) or directory
+    std::optional<DType> to;  // the precision, if any
+    std::string file;         // kTensorFile: its name in the tensor dir
+  };
+  // What a content's views are, once built (null: it has none).
+  struct Built {
+    std::shared_ptr<const TensorView> tensors;
+    std::shared_ptr<PrecisionPlan> precision;
+    bool tensors_tried = false, precision_tried = false;
+  };
+  struct OpenView {
+    OpenView(uint64_t readahead, WorkerPool::Priority priority)
+        : window(readahead), priority(priority) {}
+    std::shared_ptr<const void> keep;  // keeps `file` alive
+    const VirtualFile* file = nullptr;
+    ContentId content = 0;
+    ReadaheadWindow window;  // over the view's bytes
+    const WorkerPool::Priority priority;
+  };
+
+  std::mutex mu;
+  std::vector<Node> nodes;                            // GUARDED_BY(mu): vino = bit | (index + 1)
+  std::unordered_map<std::string, Ino> node_ids;      // GUARDED_BY(mu)
+  std::map<std::pair<ContentId, int>, Built> built;   // GUARDED_BY(mu): (content, precision)
+  std::deque<std::pair<ContentId, int>> built_order;  // GUARDED_BY(mu)
+  std::unordered_map<uint64_t, std::shared_ptr<OpenView>> handles;  // GUARDED_BY(mu)
+  uint64_t next_handle = 1;                                         // GUARDED_BY(mu)
+
+  Ino NodeFor(const Node& n) {
+    std::string key = std::to_string(static_cast<int>(n.kind)) + "/" + std::to_string(n.real) +
+                      "/" + std::to_string(n.to ? static_cast<int>(*n.to) : -1) + "/" + n.file;
+    std::lock_guard lock(mu);
+    auto it = node_ids.find(key);
+    if (it != node_ids.end()) return it->second;
+    nodes.push_back(n);
+    const Ino ino = kViewInoBit | nodes.size();
+    node_ids.emplace(std::move(key), ino);
+    return ino;
+  }
+  Result<Node> Get(Ino ino) {
+    std::lock_guard lock(mu);
+    const uint64_t i = ino & ~kViewInoBit;
+    if (i == 0 || i > nodes.size()) return Status::NotFound("view inode " + std::to_string(ino));
+    return nodes[i - 1];
+  }
+  Built& Slot(ContentId content, std::optional<DType> to) {  // REQUIRES: mu held
+    const std::pair<ContentId, int> key{content, to ? static_cast<int>(*to) : -1};
+    auto it = built.find(key);
+    if (it != built.end()) return it->second;
+    if (built_order.size() >= kMaxCachedViews) {
+      built.erase(built_order.front());
+      built_order.pop_front();
+    }
+    built_order.push_back(key);
+    return built[key];
+  }
+};
+
+std::shared_ptr<FileSystem::ViewState> FileSystem::MakeViewState() {
+  return std::make_shared<ViewState>();
+}
+
+SourceReader FileSystem::ContentSource(ContentId content) const {
+  return [store = store_, content](uint64_t offset, MutableBytes out) {
+    return store->Read(content, offset, out);
+  };
+}
+
+Result<std::shared_ptr<const TensorView>> FileSystem::TensorViewOf(const Inode& file,
+                                                                   std::optional<DType> to) {
+  if (!file.is_reg() || file.content == 0) return Status::NotFound("no tensors");
+  {
+    std::lock_guard lock(views_->mu);
+    ViewState::Built& b = views_->Slot(file.content, to);
+    if (b.tensors_tried) {
+      if (!b.tensors) return Status::NotFound("no tensor view");
+      return b.tensors;
+    }
+  }
+  CKPTFS_ASSIGN_OR_RETURN(std::optional<ContentLayout> layout, store_->GetLayout(file.content));
+  auto view = BuildTensorView(ContentSource(file.content), file.size, layout, to);
+  if (!view.ok() && !IsNotSupported(view.status())) return view.status();
+  std::lock_guard lock(views_->mu);
+  ViewState::Built& b = views_->Slot(file.content, to);
+  b.tensors_tried = true;
+  if (view.ok()) b.tensors = *view;
+  if (!b.tensors) return Status::NotFound("no tensor view");
+  return b.tensors;
+}
+
+// The precision plan of a file, or null when the view presents it unchanged.
+Result<std::shared_ptr<PrecisionPlan>> FileSystem::PrecisionPlanOf(const Inode& file, DType to) {
+  if (!file.is_reg() || file.content == 0) return std::shared_ptr<PrecisionPlan>();
+  {
+    std::lock_guard lock(views_->mu);
+    ViewState::Built& b = views_->Slot(file.content, to);
+    if (b.precision_tried) return b.precision;
+  }
+  CKPTFS_ASSIGN_OR_RETURN(std::optional<ContentLayout> layout, store_->GetLayout(file.content));
+  auto plan = PlanPrecisionView(ContentSource(file.content), file.size, layout, to);
+  if (!plan.ok() && !IsNotSupported(plan.status())) return plan.status();
+  std::lock_guard lock(views_->mu);
+  ViewState::Built& b = views_->Slot(file.content, to);
+  b.precision_tried = true;
+  if (plan.ok()) b.precision = *plan;
+  return b.precision;
+}
+
+// The committed inode of a file a view reads. A file closed but not yet committed (close()
+// returns first) is committed now, so that a view looked up right after the save sees it; a
+// file still open for writing shows its last committed content.
+Result<Inode> FileSystem::ViewReal(Ino ino) {
+  CKPTFS_RETURN_IF_ERROR(CommitIfClosed(ino));
+  CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginRead());
+  return MustGet(txn, ino);
+}
+
+Result<Inode> FileSystem::ViewInode(Ino ino) {
+  CKPTFS_ASSIGN_OR_RETURN(ViewState::Node node, views_->Get(ino));
+  CKPTFS_ASSIGN_OR_RETURN(Inode real, ViewReal(node.real));
+  Inode v = real;
+  v.ino = ino;
+  v.flags = 0;
+  v.symlink.clear();
+  using Kind = ViewState::Node::Kind;
+  switch (node.kind) {
+    case Kind::kTensorDir:
+    case Kind::kPrecisionDir:
+      if (node.kind == Kind::kPrecisionDir && !real.is_dir()) return Status::NotFound("gone");
+      v.mode = S_IFDIR | 0555;
+      v.nlink = 2;
+      v.size = 0;
+      break;
+    case Kind::kTensorFile: {
+      CKPTFS_ASSIGN_OR_RETURN(auto view, TensorViewOf(real, node.to));
+      const VirtualFile* f = view->Find(node.file);
+      if (f == nullptr) return Status::NotFound(node.file);
+      v.mode = S_IFREG | 0444;
+      v.nlink = 1;
+      v.size = f->size();
+      break;
+    }
+    case Kind::kPrecisionFile: {
+      if (!real.is_reg()) return Status::NotFound("gone");
+      CKPTFS_ASSIGN_OR_RETURN(auto plan, PrecisionPlanOf(real, *node.to));
+      v.mode = S_IFREG | 0444;
+      v.nlink = 1;
+      if (plan) v.size = plan->size();
+      break;
+    }
+  }
+  return v;
+}
+
+Result<Inode> FileSystem::ViewLookup(Ino parent, std::string_view name) {
+  using Kind = ViewState::Node::Kind;
+  if (!IsViewIno(parent)) {
+    // Hidden names beside real entries.
+    if (parent == kRootIno) {
+      for (const PrecisionName& p : kPrecisions) {
+        if (!EndsWith(name, p.suffix)) continue;
+        CKPTFS_ASSIGN_OR_RETURN(Inode dir,
+                                Lookup(parent, name.substr(0, name.size() - p.suffix.size())));
+        if (!dir.is_dir()) return Status::NotFound(std::string(name));
+        return ViewInode(views_->NodeFor({Kind::kPrecisionDir, dir.ino, p.dtype, ""}));
+      }
+    }
+    if (EndsWith(name, kTensorsSuffix)) {
+      CKPTFS_ASSIGN_OR_RETURN(Inode found,
+                              Lookup(parent, name.substr(0, name.size() - kTensorsSuffix.size())));
+      CKPTFS_ASSIGN_OR_RETURN(Inode file, ViewReal(found.ino));
+      CKPTFS_RETURN_IF_ERROR(TensorViewOf(file, std::nullopt).status());
+      return ViewInode(views_->NodeFor({Kind::kTensorDir, file.ino, std::nullopt, ""}));
+    }
+    return Status::NotFound(std::string(name));
+  }
+  CKPTFS_ASSIGN_OR_RETURN(ViewState::Node node, views_->Get(parent));
+  if (node.kind == Kind::kTensorDir) {
+    CKPTFS_ASSIGN_OR_RETURN(Inode file, ViewReal(node.real));
+    CKPTFS_ASSIGN_OR_RETURN(auto view, TensorViewOf(file, node.to));
+    if (view->Find(name) == nullptr) return Status::NotFound(std::string(name));
+    return ViewInode(views_->NodeFor({Kind::kTensorFile, node.real, node.to, std::string(name)}));
+  }
+  if (node.kind != Kind::kPrecisionDir) return Errno(ENOTDIR, "lookup in a view file");
+  if (EndsWith(name, kTensorsSuffix)) {
+    auto found = Lookup(node.real, name.substr(0, name.size() - kTensorsSuffix.size()));
+    if (found.ok() && !IsViewIno(found->ino)) {
+      CKPTFS_ASSIGN_OR_RETURN(Inode file, ViewReal(found->ino));
+      CKPTFS_RETURN_IF_ERROR(TensorViewOf(file, node.to).status());
+      return ViewInode(views_->NodeFor({Kind::kTensorDir, file.ino, node.to, ""}));
+    }
+  }
+  auto child = Lookup(node.real, name);
+  if (child.ok() && !IsViewIno(child->ino) && child->is_dir()) {
+    return ViewInode(views_->NodeFor({Kind::kPrecisionDir, child->ino, node.to, ""}));
+  }
+  if (child.ok() && !IsViewIno(child->ino) && child->is_reg()) {
+    return ViewInode(views_->NodeFor({Kind::kPrecisionFile, child->ino, node.to, ""}));
+  }
+  if (!child.ok() && !child.status().IsNotFound()) return child.status();
+  return Status::NotFound(std::string(name));
+}
+
+Result<uint64_t> FileSystem::ViewOpen(Ino ino, int flags) {
+  using Kind = ViewState::Node::Kind;
+  if ((flags & O_ACCMODE) != O_RDONLY || (flags & O_TRUNC)) {
+    return Status::ReadOnly("views are read-only");
+  }
+  CKPTFS_ASSIGN_OR_RETURN(ViewState::Node node, views_->Get(ino));
+  CKPTFS_ASSIGN_OR_RETURN(Inode real, ViewReal(node.real));
+  auto open = std::make_shared<ViewState::OpenView>(options_.readahead_bytes,
+                                                    PrefetchPriorityOf(node.real));
+  open->content = real.content;
+  if (node.kind == Kind::kTensorFile) {
+    CKPTFS_ASSIGN_OR_RETURN(auto view, TensorViewOf(real, node.to));
+    open->file = view->Find(node.file);
+    if (open->file == nullptr) return Status::NotFound(node.file);
+    open->keep = view;
+  } else if (node.kind == Kind::kPrecisionFile) {
+    CKPTFS_ASSIGN_OR_RETURN(auto plan, PrecisionPlanOf(real, *node.to));
+    std::shared_ptr<const VirtualFile> file;
+    if (plan) {
+      CKPTFS_ASSIGN_OR_RETURN(file, plan->Finish(ContentSource(real.content)));
+    } else {
+      auto copy = std::make_shared<VirtualFile>();  // presented unchanged
+      if (real.content != 0) copy->AddCopy(0, real.size);
+      file = std::move(copy);
+    }
+    open->file = file.get();
+    open->keep = file;
+  } else {
+    return Errno(EISDIR, "open");
+  }
+  std::lock_guard lock(views_->mu);
+  const uint64_t fh = kViewHandleBit | views_->next_handle++;
+  views_->handles.emplace(fh, std::move(open));
+  return fh;
+}
+
+Result<size_t> FileSystem::ViewRead(uint64_t fh, uint64_t offset, MutableBytes out) {
+  std::shared_ptr<ViewState::OpenView> open;
+  {
+    std::lock_guard lock(views_->mu);
+    auto it = views_->handles.find(fh);
+    if (it == views_->handles.end()) return Errno(EBADF, "view handle");
+    open = it->second;
+  }
+  CKPTFS_ASSIGN_OR_RETURN(size_t n, open->file->Read(offset, out, ContentSource(open->content)));
+  // Sequential readers get the next readahead_bytes of this file's own source ranges
+  // prefetched: never bytes of tensors the reader does not ask for.
+  const auto [from, len] = open->window.Advance(offset, n);
+  if (len > 0) {
+    open->file->SourceRanges(from, len, [&](uint64_t at, uint64_t bytes) {
+      store_->Prefetch(open->content, at, bytes, open->priority);
+    });
+  }
+  return n;
+}
+
+Status FileSystem::ViewRelease(uint64_t fh) {
+  std::lock_guard lock(views_->mu);
+  return views_->handles.erase(fh) == 1 ? Status::OK() : Errno(EBADF, "view handle");
+}
+
+Result<std::vector<DirEntry>> FileSystem::ViewListDir(Ino ino) {
+  using Kind = ViewState::Node::Kind;
+  CKPTFS_ASSIGN_OR_RETURN(ViewState::Node node, views_->Get(ino));
+  std::vector<DirEntry> entries;
+  if (node.kind == Kind::kTensorDir) {
+    CKPTFS_ASSIGN_OR_RETURN(Inode file, ViewReal(node.real));
+    CKPTFS_ASSIGN_OR_RETURN(auto view, TensorViewOf(file, node.to));
+    entries.push_back({"index.json",
+                       views_->NodeFor({Kind::kTensorFile, node.real, node.to, "index.json"}),
+                       S_IFREG | 0444});
+    for (const TensorView::Entry& e : view->tensors) {
+      entries.push_back({e.file, views_->NodeFor({Kind::kTensorFile, node.real, node.to, e.file}),
+                         S_IFREG | 0444});
+    }
+    return entries;
+  }
+  if (node.kind != Kind::kPrecisionDir) return Errno(ENOTDIR, "opendir");
+  CKPTFS_ASSIGN_OR_RETURN(uint64_t dh, OpenDir(node.real));
+  std::vector<DirEntry> real;
+  Status s = ReadDir(dh, 0, [&](const DirEntry& e, uint64_t) {
+    real.push_back(e);
+    return true;
+  });
+  ReleaseDir(dh);
+  CKPTFS_RETURN_IF_ERROR(s);
+  for (const DirEntry& e : real) {
+    if (S_ISDIR(e.mode)) {
+      entries.push_back(
+          {e.name, views_->NodeFor({Kind::kPrecisionDir, e.ino, node.to, ""}), S_IFDIR | 0555});
+    } else if (S_ISREG(e.mode)) {
+      entries.push_back(
+          {e.name, views_->NodeFor({Kind::kPrecisionFile, e.ino, node.to, ""}), S_IFREG | 0444});
+    }
+  }
+  return entries;
+}
+
+}  // namespace ckptfs
