@@ -230,6 +230,14 @@ class SnapshotTest(mounted.MountedTestCase):
                 dtype, shape, off, n = entries[name]
                 self.assertEqual(shape, tuple(t.shape), name)
                 self.assertEqual(data[off:off + n], bits(t).numpy().tobytes(), name)
+            # Also through the views (docs/views.md): per-tensor files and a precision view.
+            lazy = ckptfs.lazy_load(path)
+            self.assertEqual(sorted(lazy), sorted(local))
+            half = ckptfs.lazy_load(path, dtype="fp16")
+            for name, t in local.items():
+                self.assertSameTensor(lazy[name], t, "view of " + name)
+                want = t.half() if t.is_floating_point() else t
+                self.assertSameTensor(half[name], want, "fp16 view of " + name)
         # Must-show 4: resharding 4 -> 2 and 4 -> 3 (and 4 -> 1) gives the originals.
         for world in (2, 3, 1):
             parts = [ckptfs.load_sharded(self.m.path(version), r, world) for r in range(world)]
