@@ -4,6 +4,8 @@
 
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "engine/snapshot/snapshot_engine.h"
@@ -128,6 +130,13 @@ const char* ckptfs_engine_backend(const ckptfs_engine* engine) {
 ckptfs_snapshot* ckptfs_snapshot_start(ckptfs_engine* engine, const char* version,
                                        const ckptfs_tensor* tensors, size_t count, char* err,
                                        size_t errlen) {
+  return ckptfs_snapshot_start_with_metadata(engine, version, tensors, count, nullptr, err, errlen);
+}
+
+ckptfs_snapshot* ckptfs_snapshot_start_with_metadata(ckptfs_engine* engine, const char* version,
+                                                     const ckptfs_tensor* tensors, size_t count,
+                                                     const char* metadata_json, char* err,
+                                                     size_t errlen) {
   try {
     if (version == nullptr || *version == '\0') {
       SetError(err, errlen, "no version name");
@@ -135,7 +144,22 @@ ckptfs_snapshot* ckptfs_snapshot_start(ckptfs_engine* engine, const char* versio
     }
     auto descs = ToTensors(tensors, count);
     if (!descs.ok()) return Report(descs.status(), err, errlen), nullptr;
-    auto s = engine->engine->Start(version, std::move(*descs));
+    std::map<std::string, std::string> metadata;
+    if (metadata_json != nullptr) {
+      const auto doc = nlohmann::json::parse(metadata_json, nullptr, /*allow_exceptions=*/false);
+      if (!doc.is_object()) {
+        SetError(err, errlen, "metadata is not a JSON object");
+        return nullptr;
+      }
+      for (const auto& [key, value] : doc.items()) {
+        if (!value.is_string()) {
+          SetError(err, errlen, "metadata values must be strings");
+          return nullptr;
+        }
+        metadata[key] = value.get<std::string>();
+      }
+    }
+    auto s = engine->engine->Start(version, std::move(*descs), std::move(metadata));
     if (!s.ok()) return Report(s.status(), err, errlen), nullptr;
     return new ckptfs_snapshot{std::move(*s)};
   } catch (const std::exception& e) {

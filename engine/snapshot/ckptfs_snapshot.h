@@ -72,6 +72,12 @@ const char* ckptfs_engine_backend(const ckptfs_engine* engine);
 ckptfs_snapshot* ckptfs_snapshot_start(ckptfs_engine* engine, const char* version,
                                        const ckptfs_tensor* tensors, size_t count, char* err,
                                        size_t errlen);
+/* The same, with extra entries for the safetensors file's __metadata__: metadata_json is a
+ * JSON object of strings ({"ckptfs.extra": "..."}), or NULL. */
+ckptfs_snapshot* ckptfs_snapshot_start_with_metadata(ckptfs_engine* engine, const char* version,
+                                                     const ckptfs_tensor* tensors, size_t count,
+                                                     const char* metadata_json, char* err,
+                                                     size_t errlen);
 int ckptfs_snapshot_wait_staged(ckptfs_snapshot* snap, char* err, size_t errlen);
 /* This rank's part is durable and accepted by the daemon. */
 int ckptfs_snapshot_wait_committed(ckptfs_snapshot* snap, char* err, size_t errlen);

@@ -23,13 +23,16 @@ double Seconds(Clock::time_point since) {
 
 // The safetensors header of the file: 8-byte little-endian length, then JSON padded with
 // spaces to a multiple of 8. Tensors follow back to back in the given order.
-std::string SafetensorsHeader(const std::vector<TensorDesc>& tensors, const std::string& version,
-                              int rank, int world_size, std::vector<uint64_t>* offsets) {
+std::string SafetensorsHeader(const std::vector<TensorDesc>& tensors,
+                              const std::map<std::string, std::string>& metadata,
+                              const std::string& version, int rank, int world_size,
+                              std::vector<uint64_t>* offsets) {
   nlohmann::ordered_json h;
   h["__metadata__"] = {{"format", "pt"},
                        {"ckptfs.version", version},
                        {"ckptfs.rank", std::to_string(rank)},
                        {"ckptfs.world_size", std::to_string(world_size)}};
+  for (const auto& [key, value] : metadata) h["__metadata__"][key] = value;
   uint64_t at = 0;
   offsets->clear();
   for (const TensorDesc& t : tensors) {
@@ -70,8 +73,12 @@ struct Snapshot::Region {
   std::atomic<uint64_t> pending{0};  // blocks not yet stored
 };
 
-Snapshot::Snapshot(Engine* engine, std::string version, std::vector<TensorDesc> tensors)
-    : engine_(engine), version_(std::move(version)), tensors_(std::move(tensors)) {}
+Snapshot::Snapshot(Engine* engine, std::string version, std::vector<TensorDesc> tensors,
+                   std::map<std::string, std::string> metadata)
+    : engine_(engine),
+      version_(std::move(version)),
+      tensors_(std::move(tensors)),
+      metadata_(std::move(metadata)) {}
 
 Snapshot::~Snapshot() {
   if (driver_.joinable()) driver_.join();
@@ -165,8 +172,13 @@ Status Snapshot::Stage() {
     }
     if (t.data == nullptr && t.nbytes > 0) return Status::InvalidArgument(t.name + ": no data");
   }
-  header_ =
-      SafetensorsHeader(tensors_, version_, engine_->rank_, engine_->world_size_, &tensor_offsets_);
+  for (const auto& [key, value] : metadata_) {
+    if (key == "format" || (key.rfind("ckptfs.", 0) == 0 && key != "ckptfs.extra")) {
+      return Status::InvalidArgument("metadata key " + key + " is reserved");
+    }
+  }
+  header_ = SafetensorsHeader(tensors_, metadata_, version_, engine_->rank_, engine_->world_size_,
+                              &tensor_offsets_);
   if (header_.size() > kMaxRecordRawBytes) {
     return Status::InvalidArgument("the safetensors header is larger than a chunk may be");
   }
@@ -410,13 +422,15 @@ Result<std::unique_ptr<Engine>> Engine::Open(std::unique_ptr<PersistSink> sink, 
 }
 
 Result<std::shared_ptr<Snapshot>> Engine::Start(const std::string& version,
-                                                std::vector<TensorDesc> tensors) {
+                                                std::vector<TensorDesc> tensors,
+                                                std::map<std::string, std::string> metadata) {
   std::lock_guard lock(mu_);
   if (current_) {
     (void)current_->Wait();  // its failure was reported to its own handle
     current_.reset();
   }
-  std::shared_ptr<Snapshot> snap(new Snapshot(this, version, std::move(tensors)));
+  std::shared_ptr<Snapshot> snap(
+      new Snapshot(this, version, std::move(tensors), std::move(metadata)));
   snap->driver_ = std::thread([p = snap.get()] { p->Run(); });
   current_ = snap;
   return snap;

@@ -82,7 +82,8 @@ class Snapshot {
   friend class Engine;
   enum class Phase { kStaging, kStaged, kCommitted, kDone };
   struct Region;  // one staged copy
-  Snapshot(Engine* engine, std::string version, std::vector<TensorDesc> tensors);
+  Snapshot(Engine* engine, std::string version, std::vector<TensorDesc> tensors,
+           std::map<std::string, std::string> metadata);
   void Run();
   Status Stage();
   Status Persist();
@@ -97,6 +98,7 @@ class Snapshot {
   Engine* const engine_;
   const std::string version_;
   std::vector<TensorDesc> tensors_;
+  const std::map<std::string, std::string> metadata_;  // extra __metadata__ entries
   std::string header_;                    // the safetensors header (length prefix included)
   std::vector<uint64_t> tensor_offsets_;  // in the file
   std::vector<size_t> first_slot_;        // of each tensor
@@ -134,8 +136,12 @@ class Engine {
 
   // Starts a snapshot of `tensors` (their memory must stay valid, unmodified, until
   // WaitStaged returns) as version `version`. Waits for the previous snapshot to finish.
+  // `metadata` entries go into the safetensors file's __metadata__ (the Python side keeps the
+  // state dict's non-tensor leaves there); names starting "ckptfs." other than "ckptfs.extra"
+  // and "format" are reserved.
   Result<std::shared_ptr<Snapshot>> Start(const std::string& version,
-                                          std::vector<TensorDesc> tensors);
+                                          std::vector<TensorDesc> tensors,
+                                          std::map<std::string, std::string> metadata = {});
   const std::string& backend_name() const { return backend_name_; }
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }

@@ -139,5 +139,22 @@ TEST_F(SnapshotEngineTest, DuplicateNamesFailAndTheEngineStaysUsable) {
   EXPECT_TRUE(ok->Wait().ok());
 }
 
+TEST_F(SnapshotEngineTest, MetadataGoesIntoTheHeaderAndReservedKeysFail) {
+  auto engine = Open(EngineOptions{});
+  std::vector<int64_t> x(10, 3);
+  std::vector<TensorDesc> d = {{"a", "I64", {10}, x.data(), -1, 80, {}, {}}};
+  auto bad = *engine->Start("m0", d, {{"ckptfs.rank", "7"}});
+  EXPECT_FALSE(bad->Wait().ok());
+  auto s = *engine->Start("m1", d, {{"ckptfs.extra", R"({"step": 5})"}, {"user", "x"}});
+  ASSERT_TRUE(s->Wait().ok());
+  std::map<std::string, std::string> known;
+  const std::string f = Rebuild("m1", &known);
+  const uint64_t hlen = *reinterpret_cast<const uint64_t*>(f.data());
+  auto header = nlohmann::json::parse(f.substr(8, hlen));
+  EXPECT_EQ(header["__metadata__"]["ckptfs.extra"], R"({"step": 5})");
+  EXPECT_EQ(header["__metadata__"]["user"], "x");
+  EXPECT_EQ(header["__metadata__"]["ckptfs.rank"], "0");
+}
+
 }  // namespace
 }  // namespace ckptfs::snapshot

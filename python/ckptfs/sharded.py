@@ -80,7 +80,9 @@ def load_sharded(version_dir, rank, world_size, dim=0):
     differ from the world size that saved it): each partitioned tensor is split along `dim`
     of its global shape (as split_state_dict does) and reassembled from the saved shards;
     tensors that were not partitioned come whole. Returns {name: tensor} (torch tensors
-    when torch is importable, else numpy arrays)."""
+    when torch is importable, else numpy arrays), plus the state dict's non-tensor values
+    (step counters, param_groups) by key path, as the rank that now has this rank's number
+    saved them (rank 0's when it is beyond the saving world)."""
     with open(os.path.join(version_dir, "manifest.json")) as f:
         manifest = json.load(f)
     files = {}
@@ -120,4 +122,10 @@ def load_sharded(version_dir, rank, world_size, dim=0):
             raise ValueError("%s: the saved shards cover %d of %d elements of this part"
                              % (name, covered, result.size))
         out[name] = _to_output(result, dtype)
+    parts = sorted(manifest["ranks"], key=lambda p: p["rank"])
+    source = next((p for p in parts if p["rank"] == rank), parts[0] if parts else None)
+    if source is not None:
+        _, meta = read_safetensors(os.path.join(version_dir, source["file"]))
+        if "ckptfs.extra" in meta:
+            out.update(json.loads(meta["ckptfs.extra"]))
     return out

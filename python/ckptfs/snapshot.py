@@ -78,9 +78,10 @@ def library():
             lib.ckptfs_engine_close.argtypes = (ctypes.c_void_p,)
             lib.ckptfs_engine_backend.restype = ctypes.c_char_p
             lib.ckptfs_engine_backend.argtypes = (ctypes.c_void_p,)
-            lib.ckptfs_snapshot_start.restype = ctypes.c_void_p
-            lib.ckptfs_snapshot_start.argtypes = (ctypes.c_void_p, ctypes.c_char_p,
-                                                  ctypes.POINTER(_Tensor), ctypes.c_size_t) + err
+            lib.ckptfs_snapshot_start_with_metadata.restype = ctypes.c_void_p
+            lib.ckptfs_snapshot_start_with_metadata.argtypes = (
+                ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(_Tensor), ctypes.c_size_t,
+                ctypes.c_char_p) + err
             for fn in ("wait_staged", "wait_committed", "wait"):
                 f = getattr(lib, "ckptfs_snapshot_" + fn)
                 f.restype = ctypes.c_int
@@ -193,18 +194,46 @@ _NP_DTYPES = {np.dtype(np.float64): "F64", np.dtype(np.float32): "F32",
               np.dtype(np.bool_): "BOOL"}
 
 
-def _flatten(obj, prefix, tensors, extra):
+def _is_tensor(obj):
+    return isinstance(obj, np.ndarray) or (type(obj).__module__.startswith("torch")
+                                           and hasattr(obj, "data_ptr"))
+
+
+def _has_tensor(obj):
+    if _is_tensor(obj):
+        return True
     if isinstance(obj, dict):
+        return any(_has_tensor(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return any(_has_tensor(v) for v in obj)
+    return False
+
+
+def _flatten(obj, prefix, tensors, extra):
+    """Tensors by key path ("optimizer.state.0.exp_avg": dict keys and list indices joined by
+    '.'); every subtree without a tensor (step counters, param_groups) goes whole into extra."""
+    name = prefix[:-1]
+    if _is_tensor(obj):
+        tensors[name] = obj
+    elif isinstance(obj, dict) and _has_tensor(obj):
         for k, v in obj.items():
             _flatten(v, "%s%s." % (prefix, k), tensors, extra)
-        return
-    name = prefix[:-1]
-    if type(obj).__module__.startswith("torch") and hasattr(obj, "data_ptr"):
-        tensors[name] = obj
-    elif isinstance(obj, np.ndarray):
-        tensors[name] = obj
+    elif isinstance(obj, (list, tuple)) and _has_tensor(obj):
+        for i, v in enumerate(obj):
+            _flatten(v, "%s%d." % (prefix, i), tensors, extra)
     else:
         extra[name] = obj
+
+
+def _extra_json(extra):
+    """The non-tensor leaves as JSON (kept in each rank file's __metadata__["ckptfs.extra"]).
+    Only JSON's types (and tuples, saved as lists) are accepted: nothing is pickled."""
+    try:
+        return json.dumps(extra, allow_nan=True)
+    except (TypeError, ValueError) as e:
+        raise SnapshotError("the state dict's non-tensor values must be numbers, strings, "
+                            "bools, None, lists or dicts of them (%s); convert the others "
+                            "first" % e) from None
 
 
 def _describe(name, t, info, keep):
@@ -313,12 +342,13 @@ def snapshot(state_dict, path, rank=0, world_size=1, shard_info=None, **options)
     if any(d.device >= 0 for d in descs):
         import torch
         torch.cuda.synchronize()  # the engine's stream must see the finished tensors
-    del extra  # not saved yet (docs/snapshot.md, "Left to do")
+    metadata = json.dumps({"ckptfs.extra": _extra_json(extra)}) if extra else None
     engine = _engine(target, rank, world_size, options)
     arr = (_Tensor * max(len(descs), 1))(*descs)
     err = _errbuf()
-    handle = library().ckptfs_snapshot_start(engine.handle, version.encode(), arr, len(descs),
-                                             err, len(err))
+    handle = library().ckptfs_snapshot_start_with_metadata(
+        engine.handle, version.encode(), arr, len(descs),
+        metadata.encode() if metadata else None, err, len(err))
     if not handle:
         raise SnapshotError(err.value.decode(errors="replace"))
     return Snapshot(engine, handle, keep)

@@ -251,6 +251,29 @@ class SnapshotTest(mounted.MountedTestCase):
                 whole = torch.cat([parts[r][name] for r in range(world)], 0)
                 self.assertSameTensor(whole, t, "%s world %d" % (name, world))
 
+    def test_non_tensor_values_are_kept(self):
+        torch.manual_seed(2)
+        w, m = torch.randn(8, 4), torch.randn(8, 4)
+        state = {"model": {"w": w},
+                 "optimizer": {"state": {0: {"step": 3, "exp_avg": m}},
+                               "param_groups": [{"lr": 0.1, "betas": (0.9, 0.999),
+                                                 "params": [0]}]},
+                 "step": 7, "name": "run-1", "tensors_in_a_list": [w, 5]}
+        ckptfs.snapshot(state, self.m.path("extras"), 0, 1).wait()
+        got = ckptfs.load_sharded(self.m.path("extras"), 0, 1)
+        self.assertSameTensor(got["model.w"], w, "model.w")
+        self.assertSameTensor(got["optimizer.state.0.exp_avg"], m, "exp_avg")
+        self.assertSameTensor(got["tensors_in_a_list.0"], w, "list element")
+        self.assertEqual(got["optimizer.state.0.step"], 3)
+        self.assertEqual(got["optimizer.param_groups"],
+                         [{"lr": 0.1, "betas": [0.9, 0.999], "params": [0]}])
+        self.assertEqual((got["step"], got["name"], got["tensors_in_a_list.1"]), (7, "run-1", 5))
+        # Values JSON cannot hold are refused with a clear error; nothing is pickled.
+        with self.assertRaises(ckptfs.SnapshotError) as cm:
+            ckptfs.snapshot({"w": w, "odd": object()}, self.m.path("odd"), 0, 1)
+        self.assertIn("non-tensor", str(cm.exception))
+        self.assertFalse(os.path.exists(self.m.path("odd")))
+
     def test_a_rank_killed_midway_leaves_no_version_and_gc_leaves_no_orphans(self):
         v1 = "global_step1"
         ranks = [self.rank("normal", r, 4, v1, self.mnt, 1) for r in range(4)]
