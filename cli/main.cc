@@ -299,6 +299,7 @@ int main(int argc, char** argv) {
   ckptfs::MountArgs margs;
   std::string cache_size = "256M", inflight_size = "256M";
   double seal_after = 10;
+  double snapshot_timeout = 1800;
   auto* mount = app.add_subcommand("mount", "mount STORE (created if missing) at MOUNTPOINT");
   mount->add_option("STORE", margs.store)->required();
   mount->add_option("MOUNTPOINT", margs.mountpoint)->required();
@@ -320,6 +321,12 @@ int main(int argc, char** argv) {
                    "seal a version this many seconds after a newer one exists and its files "
                    "are closed; 0: only `ckptfs seal`")
       ->capture_default_str();
+  mount
+      ->add_option("--snapshot-timeout", snapshot_timeout,
+                   "abandon a snapshot version whose ranks have not all committed this many "
+                   "seconds after the first began")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   mount->add_option("-o", margs.fuse_options, "FUSE mount options (e.g. allow_other)");
   std::string mountpoint, version;
   auto* umount = app.add_subcommand("umount", "make everything durable, then unmount");
@@ -356,6 +363,8 @@ int main(int argc, char** argv) {
     margs.inflight_bytes = *inflight;
     margs.codec = *spec;
     margs.seal_after = std::chrono::milliseconds(static_cast<int64_t>(seal_after * 1000));
+    margs.snapshot_timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(snapshot_timeout * 1000));
     if (margs.foreground) spdlog::set_level(spdlog::level::info);
     return RunMount(margs);
   }

@@ -109,7 +109,8 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
 
   // The snapshot engine's control socket (docs/snapshot.md); stopped before the filesystem.
   auto control = ControlServer::Start(fs->get(), store->get(),
-                                      std::filesystem::path(args.store) / kControlSocketName);
+                                      std::filesystem::path(args.store) / kControlSocketName,
+                                      args.snapshot_timeout);
   if (!control.ok()) {
     ready.Report("cannot start the control socket: " + control.status().ToString());
     return 1;

@@ -27,6 +27,9 @@ struct MountArgs {
   CodecSpec codec;
   uint32_t max_delta_chain = StoreOptions{}.max_delta_chain;
   std::chrono::milliseconds seal_after{std::chrono::seconds(10)};
+  // A snapshot version whose ranks have not all committed this long after the first began is
+  // abandoned (engine/namespace/control_server.h).
+  std::chrono::milliseconds snapshot_timeout{std::chrono::minutes(30)};
   std::vector<std::string> fuse_options;  // each as given to -o
 };
 

@@ -6,6 +6,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -59,17 +60,19 @@ struct ControlServer::PendingVersion {
   std::set<Connection*> members;
   bool done = false;
   Status result;  // when done
+  std::chrono::steady_clock::time_point begun_at = std::chrono::steady_clock::now();
 };
 
-Result<std::unique_ptr<ControlServer>> ControlServer::Start(FileSystem* fs, Store* store,
-                                                            const std::filesystem::path& socket) {
+Result<std::unique_ptr<ControlServer>> ControlServer::Start(
+    FileSystem* fs, Store* store, const std::filesystem::path& socket,
+    std::chrono::milliseconds pending_timeout) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (socket.string().size() >= sizeof(addr.sun_path)) {
     return Status::InvalidArgument("control socket path too long: " + socket.string());
   }
   std::strncpy(addr.sun_path, socket.c_str(), sizeof(addr.sun_path) - 1);
-  std::unique_ptr<ControlServer> server(new ControlServer(fs, store, socket));
+  std::unique_ptr<ControlServer> server(new ControlServer(fs, store, socket, pending_timeout));
   server->listen_fd_ = FileDescriptor(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!server->listen_fd_.valid()) return Status::FromErrno(errno, "socket");
   ::unlink(socket.c_str());  // a stale socket of an earlier daemon
@@ -80,6 +83,7 @@ Result<std::unique_ptr<ControlServer>> ControlServer::Start(FileSystem* fs, Stor
     return Status::FromErrno(errno, "chmod " + socket.string());
   if (::listen(server->listen_fd_.get(), 64) != 0) return Status::FromErrno(errno, "listen");
   server->acceptor_ = std::thread([p = server.get()] { p->AcceptLoop(); });
+  server->reaper_ = std::thread([p = server.get()] { p->ReapLoop(); });
   spdlog::info("control socket at {}", socket.string());
   return server;
 }
@@ -94,12 +98,41 @@ ControlServer::~ControlServer() {
   cv_.notify_all();
   ::shutdown(listen_fd_.get(), SHUT_RDWR);
   if (acceptor_.joinable()) acceptor_.join();
+  if (reaper_.joinable()) reaper_.join();
   {
     std::lock_guard lock(mu_);
     threads.swap(threads_);
   }
   for (auto& t : threads) t.join();
   ::unlink(path_.c_str());
+}
+
+void ControlServer::ReapLoop() {
+  const auto tick = std::clamp<std::chrono::milliseconds>(
+      pending_timeout_ / 4, std::chrono::milliseconds(50), std::chrono::seconds(5));
+  std::unique_lock lock(mu_);
+  while (!stopping_) {
+    cv_.wait_for(lock, tick);
+    if (stopping_) break;
+    const auto now = std::chrono::steady_clock::now();
+    std::vector<std::shared_ptr<PendingVersion>> late;
+    for (const auto& [name, v] : pending_) {
+      if (!v->done && now - v->begun_at > pending_timeout_) late.push_back(v);
+    }
+    if (late.empty()) continue;
+    std::vector<uint32_t> discard;
+    for (const auto& v : late) {
+      const std::string why = std::to_string(v->committed) + " of " +
+                              std::to_string(v->world_size) + " ranks committed within " +
+                              std::to_string(pending_timeout_.count() / 1000.0) +
+                              " s (mount --snapshot-timeout)";
+      for (uint32_t id : AbandonLocked(*v, why)) discard.push_back(id);
+    }
+    lock.unlock();
+    cv_.notify_all();
+    DiscardPacks(discard);
+    lock.lock();
+  }
 }
 
 void ControlServer::AcceptLoop() {
@@ -346,15 +379,22 @@ std::vector<uint32_t> ControlServer::LeaveLocked(Connection& conn, const std::st
   if (!v || v->done) return discard;
   v->members.erase(&conn);
   if (conn.committed) return discard;  // its part stays: the others may still complete
-  // Abandon the version: no rank's part will ever be published.
-  spdlog::warn("version {} abandoned: {}", v->name, why);
-  v->done = true;
-  v->result = Status::Busy("version " + v->name + " abandoned: " + why);
-  for (const auto& part : v->parts) {
+  for (uint32_t id : AbandonLocked(*v, why)) discard.push_back(id);
+  return discard;
+}
+
+std::vector<uint32_t> ControlServer::AbandonLocked(PendingVersion& v, const std::string& why) {
+  // No rank's part will ever be published.
+  spdlog::warn("version {} abandoned: {}", v.name, why);
+  std::vector<uint32_t> discard;
+  v.done = true;
+  v.result = Status::Busy("version " + v.name + " abandoned: " + why);
+  for (auto& part : v.parts) {
     if (part && part->pack_id != 0) discard.push_back(part->pack_id);
+    part.reset();
   }
-  pending_.erase(v->name);
-  if (!v->members.empty()) abandoned_[v->name] = v->members;
+  pending_.erase(v.name);
+  if (!v.members.empty()) abandoned_[v.name] = v.members;
   return discard;
 }
 

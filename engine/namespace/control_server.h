@@ -13,10 +13,13 @@
 // When the last of world_size ranks has committed, the version appears in one transaction
 // (FileSystem::AddExternalVersion). A rank whose connection closes before it committed
 // abandons the version: every rank's reserved packs are deleted and the ranks waiting get an
-// error. Protocol details and the crash story: docs/snapshot.md.
+// error. A version whose ranks have not all committed `pending_timeout` after its first begin
+// (a rank that hangs, or never starts) is abandoned the same way. Protocol details and the
+// crash story: docs/snapshot.md.
 // Thread-safe; one thread per connection.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <filesystem>
 #include <map>
@@ -36,8 +39,9 @@ namespace ckptfs {
 class ControlServer {
  public:
   // Listens on `socket` (a stale socket file there is replaced).
-  static Result<std::unique_ptr<ControlServer>> Start(FileSystem* fs, Store* store,
-                                                      const std::filesystem::path& socket);
+  static Result<std::unique_ptr<ControlServer>> Start(
+      FileSystem* fs, Store* store, const std::filesystem::path& socket,
+      std::chrono::milliseconds pending_timeout = std::chrono::minutes(30));
   // Stops accepting, closes every connection (abandoning versions not yet complete) and joins.
   ~ControlServer();
   ControlServer(const ControlServer&) = delete;
@@ -48,9 +52,14 @@ class ControlServer {
  private:
   struct Connection;
   struct PendingVersion;
-  ControlServer(FileSystem* fs, Store* store, std::filesystem::path path)
-      : fs_(fs), store_(store), path_(std::move(path)) {}
+  ControlServer(FileSystem* fs, Store* store, std::filesystem::path path,
+                std::chrono::milliseconds pending_timeout)
+      : fs_(fs), store_(store), path_(std::move(path)), pending_timeout_(pending_timeout) {}
   void AcceptLoop();
+  // Abandons the versions pending longer than pending_timeout_, until stopping_.
+  void ReapLoop();
+  // REQUIRES: mu_ held. Marks v abandoned (its waiting ranks get `why`); returns its packs.
+  std::vector<uint32_t> AbandonLocked(PendingVersion& v, const std::string& why);
   void Serve(std::shared_ptr<Connection> conn);
   // Returns the reply; may block (commit waits for completion and sends two replies itself).
   std::string Handle(Connection& conn, const std::string& request);
@@ -65,8 +74,10 @@ class ControlServer {
   FileSystem* const fs_;
   Store* const store_;
   const std::filesystem::path path_;
+  const std::chrono::milliseconds pending_timeout_;
   FileDescriptor listen_fd_;
   std::thread acceptor_;
+  std::thread reaper_;
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -302,6 +302,25 @@ class SnapshotTest(mounted.MountedTestCase):
         report = mounted.ckptfs("verify", self.store)  # exits 1 on any problem
         self.assertIn("no problems", report.stdout)
 
+    def test_a_version_whose_ranks_never_all_arrive_is_abandoned_after_the_timeout(self):
+        self.remount(["--seal-after", "0", "--snapshot-timeout", "3"])
+        before = mount_stats(self.mnt)
+        packs_before = sorted(os.listdir(os.path.join(self.store, "packs")))
+        # Two of three ranks commit; the third never starts.
+        ranks = [self.rank("normal", r, 3, "global_step5", self.mnt, 5) for r in range(2)]
+        for p in ranks:
+            wait_line(self, p, "COMMITTED")
+        for p in ranks:
+            msg = wait_line(self, p, "FAILED", timeout=60)
+            self.assertIn("abandoned", msg)
+            self.assertIn("2 of 3 ranks committed", msg)
+            self.assertEqual(p.wait(timeout=60), 0)
+        self.assertNotIn("global_step5", os.listdir(self.mnt))
+        mounted.ckptfs("gc", self.mnt)
+        after = mount_stats(self.mnt)
+        self.assertEqual(after["chunks"], before["chunks"])
+        self.assertEqual(sorted(os.listdir(os.path.join(self.store, "packs"))), packs_before)
+
     def test_unchanged_layers_are_neither_copied_nor_stored(self):
         before = mount_stats(self.mnt)
         p = self.rank("twice", 0, 1, "step1", self.mnt, 3)
