@@ -50,6 +50,9 @@ struct FileSystem::OpenInode {
   Ino version;      // GUARDED_BY(open_mu_)
   int handles = 0;  // GUARDED_BY(open_mu_)
   std::atomic<bool> sealed{false};
+  // Set by the first Write, which first lets the previous version's file commit (its delta
+  // reference).
+  std::atomic<bool> reference_settled{false};
 
   std::mutex mu;
   ContentId base;                         // GUARDED_BY(mu): committed content the bytes start from
@@ -546,6 +549,16 @@ std::unique_ptr<ContentWriter> FileSystem::NewFileWriter(Ino ino) {
 }
 
 std::optional<ContentId> FileSystem::PreviousVersionContent(Ino ino) {
+  std::optional<Ino> file = PreviousVersionFile(ino);
+  if (!file) return std::nullopt;
+  auto txn = store_->catalog().BeginRead();
+  if (!txn.ok()) return std::nullopt;
+  auto match = GetInode(*txn, *file);
+  if (!match.ok() || !*match || !(*match)->is_reg() || (*match)->content == 0) return std::nullopt;
+  return (*match)->content;
+}
+
+std::optional<Ino> FileSystem::PreviousVersionFile(Ino ino) {
   constexpr int kMaxDepth = 256;
   auto txn = store_->catalog().BeginRead();
   if (!txn.ok()) return std::nullopt;
@@ -593,15 +606,22 @@ std::optional<ContentId> FileSystem::PreviousVersionContent(Ino ino) {
     if (!child.ok() || !*child) return std::nullopt;
     at = **child;
   }
-  std::optional<Inode> match = get(at);
-  if (!match || !match->is_reg() || match->content == 0) return std::nullopt;
-  return match->content;
+  return at;
 }
 
 Status FileSystem::Write(uint64_t fh, uint64_t offset, Bytes data) {
   if (IsViewHandle(fh)) return Status::ReadOnly("views are read-only");
   CKPTFS_ASSIGN_OR_RETURN(Handle h, GetHandle(fh));
   OpenInode& f = *h.file;
+  if (!f.reference_settled.exchange(true)) {
+    // The same file of the previous version is this one's delta reference: if it was closed
+    // but its commit is still queued (`cp -r` of one version right after another), commit it
+    // now, so that deltas do not depend on timing. Before f.mu: the committer may need it.
+    if (std::optional<Ino> previous = PreviousVersionFile(f.ino)) {
+      Status s = CommitIfClosed(*previous);
+      if (!s.ok()) spdlog::warn("inode {}: committing its reference: {}", f.ino, s.ToString());
+    }
+  }
   std::lock_guard lock(f.mu);  // Seal() commits under this lock: check after taking it
   if (f.sealed) return Status::ReadOnly("version is sealed");
   CKPTFS_RETURN_IF_ERROR(f.error);

@@ -206,6 +206,8 @@ class FileSystem {
   std::unique_ptr<ContentWriter> NewFileWriter(Ino ino);
   // The content at ino's path (relative to its version) in the previous version, if any.
   std::optional<ContentId> PreviousVersionContent(Ino ino);
+  // The file at the same path in the newest older version, if any.
+  std::optional<Ino> PreviousVersionFile(Ino ino);
   Status Enqueue(CommitRequest request, bool wait);
   Status CommitAndMarkSealed(Ino ino, const std::vector<std::shared_ptr<OpenInode>>& files);
   void RunCommitter();
