@@ -11,17 +11,18 @@
 #                                                    its seeds only; fails on the first crash
 #        scripts/fuzz.sh SECONDS [JOBS]              the torch_zip target (as before targets)
 # Targets: torch_zip (engine/format/torch_zip.h), torch_pickle (torch_pickle.h), safetensors
-# (safetensors.h). The corpus grows in build-fuzz/corpus/TARGET/; a crashing input is saved as
-# build-fuzz/crash-* (rerun it with build-fuzz/TARGET_fuzz FILE).
+# (safetensors.h), views (engine/views/tensor_view.h, precision_view.h: whole files; its
+# dictionary is the other three's). The corpus grows in build-fuzz/corpus/TARGET/; a crashing
+# input is saved as build-fuzz/crash-* (rerun it with build-fuzz/TARGET_fuzz FILE).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-targets=(torch_zip torch_pickle safetensors)
+targets=(torch_zip torch_pickle safetensors views)
 ci=0
 case "${1:-}" in
   --ci) ci=1; shift; selected=("${targets[@]}"); seconds="${1:-20}"; jobs=1 ;;
   all) shift; selected=("${targets[@]}") ;;
-  torch_zip|torch_pickle|safetensors) selected=("$1"); shift ;;
+  torch_zip|torch_pickle|safetensors|views) selected=("$1"); shift ;;
   ''|[0-9]*) selected=(torch_zip) ;;
   *) echo "fuzz.sh: unknown target '$1' (${targets[*]}, all, --ci)" >&2; exit 2 ;;
 esac
@@ -68,12 +69,62 @@ PY
       cp "$tmp"/*.safetensors "$dir"/
       rm -rf "$tmp"
       ;;
+    views)
+      # Whole checkpoints: torch.save files with every floating dtype, strided and offset views
+      # into shared storages, and safetensors files.
+      local tmp="$build/seeds_views"
+      rm -rf "$tmp"
+      /usr/bin/python3 scripts/gen_torch_sample.py "$dir/mlp.pt" --hidden 4
+      /usr/bin/python3 - "$dir" <<'PY'
+import sys
+import torch
+torch.manual_seed(0)
+out = sys.argv[1]
+base = torch.randn(6, 8)
+torch.save({
+    "f32": torch.randn(4, 4),
+    "f64": torch.randn(3, dtype=torch.float64),
+    "f16": torch.randn(2, 3).half(),
+    "bf16": torch.randn(5).bfloat16(),
+    "i64": torch.arange(4),
+    "u8": torch.tensor([1, 2, 3], dtype=torch.uint8),
+    "bool": torch.tensor([True, False]),
+    "scalar": torch.tensor(3.5),
+    "empty": torch.zeros(0, 2),
+}, f"{out}/dtypes.pt")
+torch.save({
+    "base": base,
+    "transposed": base.t(),
+    "row": base[2],
+    "column": base[:, 3],
+    "strided": base[::2, 1::3],
+    "expanded": torch.randn(1, 3).expand(4, 3),
+}, f"{out}/views.pt")
+torch.save({"w": torch.randn(8, 8).bfloat16(), "b": torch.randn(8).half(), "step": 7},
+           f"{out}/half.pt")
+PY
+      /usr/bin/python3 engine/format/safetensors_testdata.py write "$tmp" >/dev/null
+      cp "$tmp"/*.safetensors "$dir"/
+      rm -rf "$tmp"
+      ;;
   esac
+}
+
+# The dictionary of target $1.
+dict() {
+  if [ "$1" = views ]; then
+    cat tests/fuzz/torch_zip.dict tests/fuzz/torch_pickle.dict tests/fuzz/safetensors.dict \
+      >"$build/views.dict"
+    echo "$build/views.dict"
+  else
+    echo "tests/fuzz/$1.dict"
+  fi
 }
 
 max_len() {
   case "$1" in
     torch_zip) echo 32768 ;;
+    views) echo 65536 ;;
     *) echo 16384 ;;
   esac
 }
@@ -85,7 +136,7 @@ for t in "${selected[@]}"; do
     seed "$t" "$seeds.tmp"
     mv "$seeds.tmp" "$seeds"
   fi
-  args=(-max_total_time="$seconds" -max_len="$(max_len "$t")" -dict="tests/fuzz/$t.dict"
+  args=(-max_total_time="$seconds" -max_len="$(max_len "$t")" -dict="$(dict "$t")"
         -timeout=10 -artifact_prefix="$build/" -print_final_stats=1)
   if [ "$ci" -eq 1 ]; then
     # A fresh corpus each time, so that a CI run depends only on the seeds.
