@@ -91,6 +91,11 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
   // page-faults fresh memory. Keeping them in the heap halved the daemon's CPU per GB saved
   // (scripts/bench/fs.sh: durable save 1.94x -> 1.16x native). Freed memory is reused, and the
   // budget (cache + in-flight) still bounds how much is live; at most 64 MiB stays idle.
+  // One arena: each of glibc's per-thread arenas (up to 8 per core) would otherwise keep its
+  // own idle memory; with ~10 FUSE and worker threads a fresh daemon sat 200-300 MiB above its
+  // cache while a reader streamed 2 GiB (tests/views/test_low_memory.py), 30 MiB with one.
+  // The daemon allocates about once per MiB moved, so the shared arena's lock is not contended.
+  mallopt(M_ARENA_MAX, 1);
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 64 << 20);
   // One descriptor per pack file read: allow as many as the system lets us.
