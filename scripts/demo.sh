@@ -40,6 +40,20 @@ print("torch.load from the mount equals the model:", same)
 sys.exit(0 if same else 1)
 PY
 ls -l "$mnt" "$mnt"/global_step*
+# The hidden views (docs/views.md): one .npy per tensor, a bf16 copy of the version, lazy loads.
+echo "views of global_step2/mp_rank_00_model_states.pt:"
+ls "$mnt/global_step2/mp_rank_00_model_states.pt@tensors" | head -4
+ls -l "$mnt/global_step2@bf16/mp_rank_00_model_states.pt"
+PYTHONPATH=python /usr/bin/python3 - "$mnt" <<'PY'
+import os, sys, torch, ckptfs
+path = os.path.join(sys.argv[1], "global_step2", "mp_rank_00_model_states.pt")
+whole = torch.load(path)["module"]
+sd = ckptfs.lazy_load(path, filter=lambda n: n.startswith("module.3."), dtype="bf16")
+same = all(torch.equal(sd["module." + k], v.to(torch.bfloat16))
+           for k, v in whole.items() if k.startswith("3."))
+print("lazy_load of layer 3 as bf16 (%d tensors) equals t.to(torch.bfloat16):" % len(sd), same)
+sys.exit(0 if same and len(sd) == 2 else 1)
+PY
 "$ckptfs" umount "$mnt"
 echo "unmounted; the store now holds:"
 "$ckptfs" stats "$work/store"
