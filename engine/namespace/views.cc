@@ -21,7 +21,11 @@ namespace ckptfs {
 namespace {
 
 constexpr std::string_view kTensorsSuffix = "@tensors";
+// Built views are kept for reuse, at most this many and this many bytes of them (a view is a
+// few bytes per tensor and per record; a precision view of a torch file also holds its
+// rewritten data.pkl). Open handles keep theirs alive past eviction.
 constexpr size_t kMaxCachedViews = 256;
+constexpr uint64_t kMaxCachedViewBytes = 64u << 20;
 
 struct PrecisionName {
   std::string_view suffix;
@@ -53,6 +57,7 @@ struct FileSystem::ViewState {
     std::shared_ptr<const TensorView> tensors;
     std::shared_ptr<PrecisionPlan> precision;
     bool tensors_tried = false, precision_tried = false;
+    uint64_t memory = 0;  // of what it holds, for the cache's bound
   };
   struct OpenView {
     OpenView(uint64_t readahead, WorkerPool::Priority priority)
@@ -69,6 +74,7 @@ struct FileSystem::ViewState {
   std::unordered_map<std::string, Ino> node_ids;      // GUARDED_BY(mu)
   std::map<std::pair<ContentId, int>, Built> built;   // GUARDED_BY(mu): (content, precision)
   std::deque<std::pair<ContentId, int>> built_order;  // GUARDED_BY(mu)
+  uint64_t built_bytes = 0;                           // GUARDED_BY(mu): sum of Built::memory
   std::unordered_map<uint64_t, std::shared_ptr<OpenView>> handles;  // GUARDED_BY(mu)
   uint64_t next_handle = 1;                                         // GUARDED_BY(mu)
 
@@ -89,16 +95,32 @@ struct FileSystem::ViewState {
     if (i == 0 || i > nodes.size()) return Status::NotFound("view inode " + std::to_string(ino));
     return nodes[i - 1];
   }
+  static std::pair<ContentId, int> Key(ContentId content, std::optional<DType> to) {
+    return {content, to ? static_cast<int>(*to) : -1};
+  }
+  void EvictOldest() {  // REQUIRES: mu held, built_order not empty
+    auto it = built.find(built_order.front());
+    if (it != built.end()) {
+      built_bytes -= it->second.memory;
+      built.erase(it);
+    }
+    built_order.pop_front();
+  }
   Built& Slot(ContentId content, std::optional<DType> to) {  // REQUIRES: mu held
-    const std::pair<ContentId, int> key{content, to ? static_cast<int>(*to) : -1};
+    const auto key = Key(content, to);
     auto it = built.find(key);
     if (it != built.end()) return it->second;
-    if (built_order.size() >= kMaxCachedViews) {
-      built.erase(built_order.front());
-      built_order.pop_front();
-    }
+    while (built_order.size() >= kMaxCachedViews) EvictOldest();
     built_order.push_back(key);
     return built[key];
+  }
+  // Counts `bytes` more for the slot of (content, to), then evicts older slots while the
+  // cache holds more than kMaxCachedViewBytes. REQUIRES: mu held; the slot exists.
+  void Account(ContentId content, std::optional<DType> to, uint64_t bytes) {
+    const auto key = Key(content, to);
+    built[key].memory += bytes;
+    built_bytes += bytes;
+    while (built_bytes > kMaxCachedViewBytes && built_order.front() != key) EvictOldest();
   }
 };
 
@@ -129,9 +151,10 @@ Result<std::shared_ptr<const TensorView>> FileSystem::TensorViewOf(const Inode& 
   std::lock_guard lock(views_->mu);
   ViewState::Built& b = views_->Slot(file.content, to);
   b.tensors_tried = true;
-  if (view.ok()) b.tensors = *view;
-  if (!b.tensors) return Status::NotFound("no tensor view");
-  return b.tensors;
+  if (!view.ok()) return Status::NotFound("no tensor view");
+  b.tensors = *view;
+  views_->Account(file.content, to, (*view)->memory_bytes());
+  return *view;
 }
 
 // The precision plan of a file, or null when the view presents it unchanged.
@@ -148,8 +171,11 @@ Result<std::shared_ptr<PrecisionPlan>> FileSystem::PrecisionPlanOf(const Inode& 
   std::lock_guard lock(views_->mu);
   ViewState::Built& b = views_->Slot(file.content, to);
   b.precision_tried = true;
-  if (plan.ok()) b.precision = *plan;
-  return b.precision;
+  if (!plan.ok()) return std::shared_ptr<PrecisionPlan>();
+  b.precision = *plan;
+  // Twice the plan: the finished file holds as much again (its pieces, the pickle's copy).
+  views_->Account(file.content, to, 2 * (*plan)->memory_bytes());
+  return *plan;
 }
 
 // The committed inode of a file a view reads. A file closed but not yet committed (close()

@@ -288,6 +288,14 @@ class TorchPlan : public PrecisionPlan {
   explicit TorchPlan(std::vector<OutEntry> entries)
       : entries_(std::move(entries)), size_(BuildZip(entries_)->size()) {}
   uint64_t size() const override { return size_; }
+  uint64_t memory_bytes() const override {
+    std::lock_guard lock(mu_);
+    uint64_t n = sizeof(*this) + (file_ ? file_->memory_bytes() : 0);
+    for (const OutEntry& e : entries_) {
+      n += sizeof(OutEntry) + e.name.capacity() + (e.bytes ? e.bytes->capacity() : 0);
+    }
+    return n;
+  }
 
   Result<std::shared_ptr<const VirtualFile>> Finish(const SourceReader& read) override {
     std::lock_guard lock(mu_);
@@ -312,7 +320,7 @@ class TorchPlan : public PrecisionPlan {
   }
 
  private:
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::vector<OutEntry> entries_;  // GUARDED_BY(mu_)
   const uint64_t size_;
   std::shared_ptr<const VirtualFile> file_;  // GUARDED_BY(mu_)
@@ -380,6 +388,7 @@ class FixedPlan : public PrecisionPlan {
   explicit FixedPlan(std::shared_ptr<const VirtualFile> file) : file_(std::move(file)) {}
   uint64_t size() const override { return file_->size(); }
   Result<std::shared_ptr<const VirtualFile>> Finish(const SourceReader&) override { return file_; }
+  uint64_t memory_bytes() const override { return sizeof(*this) + file_->memory_bytes(); }
 
  private:
   const std::shared_ptr<const VirtualFile> file_;

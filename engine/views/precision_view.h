@@ -42,6 +42,8 @@ class PrecisionPlan {
   virtual uint64_t size() const = 0;
   // The view's bytes (computes what needs a pass over the data the first time).
   virtual Result<std::shared_ptr<const VirtualFile>> Finish(const SourceReader& read) = 0;
+  // What the plan holds in memory, roughly (once finished, with its file).
+  virtual uint64_t memory_bytes() const = 0;
 };
 
 Result<std::shared_ptr<PrecisionPlan>> PlanPrecisionView(const SourceReader& read, uint64_t size,

@@ -138,6 +138,15 @@ const VirtualFile* TensorView::Find(std::string_view name) const {
   return it == by_file.end() ? nullptr : &tensors[it->second].npy;
 }
 
+uint64_t TensorView::memory_bytes() const {
+  uint64_t n = sizeof(*this) + index.memory_bytes();
+  for (const Entry& e : tensors) {
+    n += sizeof(Entry) + e.name.capacity() + 2 * e.file.capacity() + 8 * e.shape.size() +
+         e.npy.memory_bytes() + 64;  // + its by_file node
+  }
+  return n;
+}
+
 std::string_view ViewNumpyDescr(DType dtype) {
   std::string_view d = NumpyDescr(dtype);
   if (!d.empty()) return d;

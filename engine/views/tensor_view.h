@@ -51,6 +51,8 @@ struct TensorView {
 
   // The file named `name` ("index.json" or an entry's file), or null.
   const VirtualFile* Find(std::string_view name) const;
+  // What this view holds in memory, roughly (the namespace bounds its cache by it).
+  uint64_t memory_bytes() const;
 };
 
 // The .npy header (magic to '\n', padded to a multiple of 64) for a C-order array.

@@ -97,8 +97,12 @@ TEST(TensorViewTest, EveryTorchTensorEqualsTorch) {
     // Read in odd pieces, the same bytes.
     EXPECT_EQ(ReadAll(e.npy, src.reader(), 7), ReadAll(e.npy, src.reader()));
   }
+  // What it holds is small: the index and a few hundred bytes per tensor, no tensor data.
+  const std::string index_text = ReadAll((*view)->index, src.reader());
+  EXPECT_GT((*view)->memory_bytes(), index_text.size());
+  EXPECT_LT((*view)->memory_bytes(), index_text.size() + 1024 * expected.size());
   // index.json lists them all.
-  const auto index = nlohmann::json::parse(ReadAll((*view)->index, src.reader()));
+  const auto index = nlohmann::json::parse(index_text);
   EXPECT_EQ(index["format"], "torch");
   ASSERT_EQ(index["tensors"].size(), expected.size());
   for (const auto& t : index["tensors"]) {

@@ -209,4 +209,13 @@ void VirtualFile::SourceRanges(uint64_t offset, uint64_t length,
   }
 }
 
+uint64_t VirtualFile::memory_bytes() const {
+  uint64_t n = sizeof(*this) + pieces_.capacity() * sizeof(Piece);
+  for (const Piece& p : pieces_) {
+    if (p.bytes) n += p.bytes->capacity();
+    if (p.gather) n += sizeof(StridedSource) + 16 * p.gather->shape.size();
+  }
+  return n;
+}
+
 }  // namespace ckptfs
