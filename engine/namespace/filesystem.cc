@@ -50,8 +50,10 @@ struct FileSystem::OpenInode {
   Ino version;      // GUARDED_BY(open_mu_)
   int handles = 0;  // GUARDED_BY(open_mu_)
   std::atomic<bool> sealed{false};
-  // Set by the first Write, which first lets the previous version's file commit (its delta
-  // reference).
+  // The same file of the previous version (its delta reference), looked up once by
+  // ReferenceFile(); the first Write lets it commit first if its commit is still queued.
+  std::once_flag reference_once;
+  std::optional<Ino> reference_file;  // written once under reference_once
   std::atomic<bool> reference_settled{false};
 
   std::mutex mu;
@@ -539,17 +541,21 @@ Status FileSystem::ToStagingLocked(OpenInode& f) {
   return Status::OK();
 }
 
-std::unique_ptr<ContentWriter> FileSystem::NewFileWriter(Ino ino) {
+std::unique_ptr<ContentWriter> FileSystem::NewFileWriter(OpenInode& f) {
   auto writer = store_->NewWriter();
-  if (std::optional<ContentId> previous = PreviousVersionContent(ino)) {
+  if (std::optional<ContentId> previous = CommittedContent(ReferenceFile(f))) {
     Status s = writer->SetReference(*previous);
-    if (!s.ok()) spdlog::warn("inode {}: no deltas for this file: {}", ino, s.ToString());
+    if (!s.ok()) spdlog::warn("inode {}: no deltas for this file: {}", f.ino, s.ToString());
   }
   return writer;
 }
 
-std::optional<ContentId> FileSystem::PreviousVersionContent(Ino ino) {
-  std::optional<Ino> file = PreviousVersionFile(ino);
+std::optional<Ino> FileSystem::ReferenceFile(OpenInode& f) {
+  std::call_once(f.reference_once, [&] { f.reference_file = PreviousVersionFile(f.ino); });
+  return f.reference_file;
+}
+
+std::optional<ContentId> FileSystem::CommittedContent(std::optional<Ino> file) {
   if (!file) return std::nullopt;
   auto txn = store_->catalog().BeginRead();
   if (!txn.ok()) return std::nullopt;
@@ -617,7 +623,7 @@ Status FileSystem::Write(uint64_t fh, uint64_t offset, Bytes data) {
     // The same file of the previous version is this one's delta reference: if it was closed
     // but its commit is still queued (`cp -r` of one version right after another), commit it
     // now, so that deltas do not depend on timing. Before f.mu: the committer may need it.
-    if (std::optional<Ino> previous = PreviousVersionFile(f.ino)) {
+    if (std::optional<Ino> previous = ReferenceFile(f)) {
       Status s = CommitIfClosed(*previous);
       if (!s.ok()) spdlog::warn("inode {}: committing its reference: {}", f.ino, s.ToString());
     }
@@ -632,7 +638,7 @@ Status FileSystem::Write(uint64_t fh, uint64_t offset, Bytes data) {
       if (f.base != 0) {
         CKPTFS_ASSIGN_OR_RETURN(f.writer, store_->NewAppender(f.base));
       } else {
-        f.writer = NewFileWriter(f.ino);
+        f.writer = NewFileWriter(f);
       }
     }
     s = f.writer->Append(data);
@@ -674,7 +680,7 @@ Status FileSystem::CommitLocked(OpenInode& f) {
     id = f.writer->Finish(bind);
     f.writer.reset();
   } else if (f.staging.valid()) {
-    auto writer = NewFileWriter(f.ino);
+    auto writer = NewFileWriter(f);
     Buffer buf(kCopyBytes);
     for (uint64_t off = 0; off < size && id.ok();) {
       size_t n = static_cast<size_t>(std::min<uint64_t>(kCopyBytes, size - off));

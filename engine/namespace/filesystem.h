@@ -203,11 +203,14 @@ class FileSystem {
   Status ToStagingLocked(OpenInode& file);
   // A writer for a new content of `ino`, with the same path in the previous version (the
   // version created before ino's) as its delta reference.
-  std::unique_ptr<ContentWriter> NewFileWriter(Ino ino);
+  std::unique_ptr<ContentWriter> NewFileWriter(OpenInode& f);
   // The content at ino's path (relative to its version) in the previous version, if any.
-  std::optional<ContentId> PreviousVersionContent(Ino ino);
+  // f's delta reference: PreviousVersionFile(f.ino), looked up once per open file.
+  std::optional<Ino> ReferenceFile(OpenInode& f);
   // The file at the same path in the newest older version, if any.
   std::optional<Ino> PreviousVersionFile(Ino ino);
+  // The committed content of a regular file, if it has one.
+  std::optional<ContentId> CommittedContent(std::optional<Ino> file);
   Status Enqueue(CommitRequest request, bool wait);
   Status CommitAndMarkSealed(Ino ino, const std::vector<std::shared_ptr<OpenInode>>& files);
   void RunCommitter();

@@ -38,18 +38,7 @@ double ToDouble(DType from, const std::byte* p) {
 }
 
 // Any floating element as fp32: exact except from fp64, which rounds (as static_cast does).
-float ToFloat(DType from, const std::byte* p) {
-  switch (from) {
-    case DType::kF64:
-      return static_cast<float>(Load<double>(p));
-    case DType::kF32:
-      return Load<float>(p);
-    case DType::kF16:
-      return Fp16ToFp32(Load<uint16_t>(p));
-    default:
-      return Bf16ToFp32(Load<uint16_t>(p));
-  }
-}
+float ToFloat(DType from, const std::byte* p) { return static_cast<float>(ToDouble(from, p)); }
 
 }  // namespace
 
