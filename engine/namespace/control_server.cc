@@ -230,7 +230,8 @@ std::string ControlServer::Begin(Connection& conn, const std::string& version, i
         conn.rank = rank;
         conn.committed = false;
         conn.pending = v;
-        reply = Ok();
+        // The writer bounds its delta chains by the store's.
+        reply = json{{"ok", true}, {"max_delta_chain", store_->options().max_delta_chain}}.dump();
       }
     }
   }

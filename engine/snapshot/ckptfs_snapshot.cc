@@ -47,6 +47,7 @@ Result<snap::EngineOptions> ToOptions(const ckptfs_engine_options* o) {
   if (o->ring_bytes != 0) out.ring_bytes = o->ring_bytes;
   if (o->max_copy_bytes != 0) out.max_copy_bytes = o->max_copy_bytes;
   out.workers = o->workers;
+  if (o->max_delta_chain != 0) out.max_delta_chain = o->max_delta_chain;
   if (o->codec != nullptr) {
     CKPTFS_ASSIGN_OR_RETURN(out.codec, ckptfs::CodecSpec::Parse(o->codec));
   }
@@ -182,10 +183,19 @@ int ckptfs_snapshot_wait(ckptfs_snapshot* s, char* err, size_t errlen) {
 
 void ckptfs_snapshot_get_stats(const ckptfs_snapshot* s, ckptfs_snapshot_stats* out) {
   snap::SnapshotStats st = s->snapshot->stats();
-  *out = ckptfs_snapshot_stats{st.tensors,         st.blocks,         st.blocks_unchanged,
-                               st.bytes,           st.bytes_copied,   st.records_written,
-                               st.record_bytes,    st.chunks_deduped, st.stage_seconds,
-                               st.persist_seconds, st.total_seconds};
+  *out = ckptfs_snapshot_stats{st.tensors,
+                               st.blocks,
+                               st.blocks_unchanged,
+                               st.bytes,
+                               st.bytes_copied,
+                               st.records_written,
+                               st.record_bytes,
+                               st.chunks_deduped,
+                               st.stage_seconds,
+                               st.persist_seconds,
+                               st.total_seconds,
+                               st.records_delta,
+                               st.delta_bases_unreadable};
 }
 
 void ckptfs_snapshot_free(ckptfs_snapshot* s) {

@@ -50,12 +50,14 @@ typedef struct {
   int32_t workers;         /* 0: one per CPU */
   const char* codec;       /* NULL: "lz4"; "none", "zstd[:L]" */
   int32_t backend;         /* 0: auto (CUDA when built and present), 1: cpu, 2: cuda */
+  uint32_t max_delta_chain; /* 0: 8 (the store may bound it lower); 1: no deltas */
 } ckptfs_engine_options;
 
 typedef struct {
   uint64_t tensors, blocks, blocks_unchanged, bytes, bytes_copied, records_written, record_bytes,
       chunks_deduped;
   double stage_seconds, persist_seconds, total_seconds;
+  uint64_t records_delta, delta_bases_unreadable;
 } ckptfs_snapshot_stats;
 
 /* target: "unix:PATH" (the mount daemon's control socket) or "dir:PATH" (packs and commit

@@ -5,6 +5,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -36,7 +37,12 @@ class DaemonSink : public PersistSink {
 
   Status Begin(const std::string& version, int rank, int world_size) override {
     json req = {{"op", "begin"}, {"version", version}, {"rank", rank}, {"world_size", world_size}};
-    return Call(req).status();
+    CKPTFS_ASSIGN_OR_RETURN(json reply, Call(req));
+    max_delta_chain_ = 1;  // a daemon that does not say takes no deltas
+    if (reply.contains("max_delta_chain") && reply["max_delta_chain"].is_number_unsigned()) {
+      max_delta_chain_ = std::max<uint32_t>(1, reply["max_delta_chain"].get<uint32_t>());
+    }
+    return Status::OK();
   }
 
   Result<PackTarget> ReservePack() override {
@@ -54,6 +60,7 @@ class DaemonSink : public PersistSink {
   }
 
   Status WaitComplete() override { return Receive().status(); }
+  uint32_t max_delta_chain() const override { return max_delta_chain_; }
 
  private:
   Result<json> Call(const json& request) {
@@ -69,7 +76,11 @@ class DaemonSink : public PersistSink {
   }
 
   FileDescriptor fd_;
+  uint32_t max_delta_chain_ = 1;
 };
+
+// The directory sink has no store to bound chains: the store's default.
+constexpr uint32_t kDirSinkMaxDeltaChain = 8;
 
 class DirSink : public PersistSink {
  public:
@@ -107,6 +118,7 @@ class DirSink : public PersistSink {
   }
 
   Status WaitComplete() override { return Status::OK(); }
+  uint32_t max_delta_chain() const override { return kDirSinkMaxDeltaChain; }
 
  private:
   const std::filesystem::path dir_;

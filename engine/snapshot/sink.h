@@ -58,6 +58,8 @@ class PersistSink {
   virtual Status Commit(const RankCommit& commit) = 0;
   // Returns once the version is visible (every rank committed), or why it never will be.
   virtual Status WaitComplete() = 0;
+  // After Begin: the longest delta chain the store accepts (1: no deltas).
+  virtual uint32_t max_delta_chain() const = 0;
 };
 
 Result<std::unique_ptr<PersistSink>> ConnectDaemon(const std::filesystem::path& socket);

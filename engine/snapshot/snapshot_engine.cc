@@ -4,10 +4,13 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <unordered_set>
 
+#include "engine/codec/piece_codec.h"
+#include "engine/format/dtype.h"
 #include "engine/store/record.h"
 #include "engine/util/coding.h"
 #include "engine/util/file.h"
@@ -118,6 +121,8 @@ SnapshotStats Snapshot::stats() const {
   s.records_written = records_written_.load();
   s.record_bytes = record_bytes_.load();
   s.chunks_deduped = chunks_deduped_.load();
+  s.records_delta = records_delta_.load();
+  s.delta_bases_unreadable = delta_bases_unreadable_.load();
   return s;
 }
 
@@ -142,16 +147,17 @@ void Snapshot::Run() {
   Advance(Phase::kCommitted, s);
   if (s.ok()) s = engine_->sink_->WaitComplete();
   pack_fd_ = FileDescriptor();
+  bases_.reset();  // no pack stays open (gc may delete them) between snapshots
   if (s.ok()) {
     // The version exists: its chunks are what the next snapshot's unchanged blocks refer to.
     Engine::BlockTable table;
     for (size_t i = 0; i < tensors_.size(); ++i) {
       auto& blocks = table[tensors_[i].name];
       const size_t n =
-          (i + 1 < tensors_.size() ? first_slot_[i + 1] : chunks_.size()) - first_slot_[i];
+          (i + 1 < tensors_.size() ? first_slot_[i + 1] : slots_.size()) - first_slot_[i];
       for (size_t b = 0; b < n; ++b) {
-        const size_t slot = first_slot_[i] + b;
-        blocks.push_back({fps_[slot], chunks_[slot].raw_len, chunks_[slot].id});
+        const Slot& slot = slots_[first_slot_[i] + b];
+        blocks.push_back({slot.fp, slot.chunk.raw_len, slot.chunk.id, slot.record});
       }
     }
     engine_->prev_ = std::move(table);
@@ -188,8 +194,15 @@ Status Snapshot::Stage() {
     first_slot_.push_back(slots);
     slots += (t.nbytes + o.block_bytes - 1) / o.block_bytes;
   }
-  chunks_.resize(slots);
-  fps_.resize(slots);
+  slots_.resize(slots);
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    const std::optional<DType> dtype = DTypeFromSafetensorsName(tensors_[i].dtype);
+    const size_t width = dtype ? ElementSize(*dtype) : 1;
+    const size_t end = i + 1 < tensors_.size() ? first_slot_[i + 1] : slots;
+    for (size_t k = first_slot_[i]; k < end; ++k) {
+      slots_[k].width = static_cast<uint8_t>(std::clamp<size_t>(width, 1, kMaxPieceWidth));
+    }
+  }
   {
     std::lock_guard lock(mu_);
     stats_.tensors = tensors_.size();
@@ -202,6 +215,8 @@ Status Snapshot::Stage() {
   CKPTFS_ASSIGN_OR_RETURN(pack_, sink.ReservePack());
   CKPTFS_ASSIGN_OR_RETURN(pack_fd_, OpenFile(pack_.path, O_WRONLY));
   pack_end_ = kPackHeaderBytes;
+  bases_ = std::make_unique<PackReader>(pack_.path.parent_path());
+  max_delta_chain_ = std::max<uint32_t>(1, std::min(o.max_delta_chain, sink.max_delta_chain()));
 
   std::vector<Fingerprint> fps;
   for (size_t i = 0; i < tensors_.size(); ++i) {
@@ -217,17 +232,20 @@ Status Snapshot::Stage() {
     for (uint64_t b = 0; b <= blocks; ++b) {
       bool changed = false;
       if (b < blocks) {
-        const size_t slot = first_slot_[i] + b;
+        Slot& slot = slots_[first_slot_[i] + b];
         const uint64_t len = std::min(o.block_bytes, t.nbytes - b * o.block_bytes);
-        fps_[slot] = fps[b];
-        chunks_[slot].raw_len = static_cast<uint32_t>(len);
-        if (prev != nullptr && b < prev->size() && (*prev)[b].fp == fps[b] &&
-            (*prev)[b].len == len) {
-          chunks_[slot].id = (*prev)[b].id;
-          chunks_[slot].stored = false;
+        slot.fp = fps[b];
+        slot.chunk.raw_len = static_cast<uint32_t>(len);
+        const Engine::PrevBlock* before =
+            prev != nullptr && b < prev->size() && (*prev)[b].len == len ? &(*prev)[b] : nullptr;
+        if (before != nullptr && before->fp == fps[b]) {
+          slot.chunk.id = before->id;
+          slot.chunk.stored = false;
+          slot.record = before->record;
           ++blocks_unchanged_;
         } else {
           changed = true;
+          if (before != nullptr) slot.base = before->record;
         }
       }
       if (changed) {
@@ -285,7 +303,8 @@ void Snapshot::PersistBlock(std::shared_ptr<Region> region, size_t slot, uint64_
       failed = !error_.ok();
     }
     if (!failed) {
-      Status s = StoreChunk(slot, engine_->ring_->at(region->at + roff), chunks_[slot].raw_len);
+      Status s =
+          StoreChunk(slot, engine_->ring_->at(region->at + roff), slots_[slot].chunk.raw_len);
       if (!s.ok()) Fail(s);
     }
   }
@@ -297,45 +316,51 @@ void Snapshot::PersistBlock(std::shared_ptr<Region> region, size_t slot, uint64_
   task_cv_.notify_all();
 }
 
-Status Snapshot::StoreChunk(size_t slot, const std::byte* raw, size_t n) {
-  CommitChunk& c = chunks_[slot];
-  c.id = ChunkId::Of({raw, n});
-  c.raw_len = static_cast<uint32_t>(n);
-  // DELTA HOOK: this is where a changed block would be delta-encoded against the previous
-  // snapshot's chunk of the same block (engine_->prev_[tensor][block].id, whose bytes the store
-  // holds) before compression: the record would then carry the transform in its flags and the
-  // base id in its payload (record.h), and the commit would name the base for the daemon's
-  // refcounts. Not done yet: every record is the plain codec output.
+Status Snapshot::StoreChunk(size_t index, const std::byte* raw, size_t n) {
+  Slot& slot = slots_[index];
+  slot.chunk.id = ChunkId::Of({raw, n});
+  slot.chunk.raw_len = static_cast<uint32_t>(n);
   {
     std::lock_guard lock(dedup_mu_);
-    auto it = written_.find(c.id);
+    auto it = written_.find(slot.chunk.id);
     if (it != written_.end()) {  // the same bytes twice in this file: one record
-      c = it->second;
+      slot.chunk = it->second.chunk;
+      slot.record = it->second.record;
       ++chunks_deduped_;
       return Status::OK();
     }
   }
-  CommitChunk out = c;
-  CKPTFS_RETURN_IF_ERROR(WriteRecord(c.id, raw, n, &out));
-  c = out;
+  // The previous snapshot's chunk of this block, if its chain leaves room for one more record.
+  std::optional<Buffer> base;
+  if (slot.base && slot.base->raw_len == n && slot.base->depth < max_delta_chain_ &&
+      slot.base->id != slot.chunk.id) {
+    auto read = bases_->Read(*slot.base);
+    if (read.ok()) {
+      base = std::move(*read);
+    } else {  // gc moved it, say: stored whole
+      ++delta_bases_unreadable_;
+      spdlog::debug("block stored without a delta: {}", read.status().ToString());
+    }
+  }
+  CKPTFS_RETURN_IF_ERROR(WriteRecord(slot, {raw, n}, base ? &*base : nullptr));
   std::lock_guard lock(dedup_mu_);
-  written_.emplace(c.id, c);
+  written_.emplace(slot.chunk.id, slot);
   return Status::OK();
 }
 
-Status Snapshot::WriteRecord(const ChunkId& id, const std::byte* raw, size_t n, CommitChunk* out) {
-  Buffer compressed;
-  Bytes payload{raw, n};
-  RecordHeader h;
-  h.raw_len = static_cast<uint32_t>(n);
-  h.codec = Codec::kNone;
-  if (TryCompress(engine_->options_.codec, payload, &compressed)) {
-    h.codec = engine_->options_.codec.codec;
-    payload = compressed.bytes();
+Status Snapshot::WriteRecord(Slot& slot, Bytes raw, const Buffer* base) {
+  EncodedPiece piece = EncodePiece(engine_->options_.codec, raw, slot.width, base);
+  const bool delta = IsDelta(piece.encoding.transform);
+  Buffer joined;
+  Bytes payload = raw;
+  if (delta) {
+    joined = JoinDeltaPayload(slot.base->id, piece.stored.bytes());
+    payload = joined.bytes();
+  } else if (!piece.stored_raw()) {
+    payload = piece.stored.bytes();
   }
-  h.stored_len = static_cast<uint32_t>(payload.size());
-  h.id = id;
-  h.payload_checksum = Checksum64(payload);
+  const uint32_t raw_len = static_cast<uint32_t>(raw.size());
+  const RecordHeader h = RecordHeader::For(slot.chunk.id, raw_len, piece.encoding, payload);
   std::byte header[kRecordHeaderBytes];
   h.EncodeTo(header);
   const uint64_t length = kRecordHeaderBytes + payload.size();
@@ -344,11 +369,15 @@ Status Snapshot::WriteRecord(const ChunkId& id, const std::byte* raw, size_t n, 
       PWriteFull(pack_fd_.get(), offset, {header, kRecordHeaderBytes}, pack_.path));
   CKPTFS_RETURN_IF_ERROR(
       PWriteFull(pack_fd_.get(), offset + kRecordHeaderBytes, payload, pack_.path));
-  out->stored = true;
-  out->offset = offset;
-  out->length = static_cast<uint32_t>(length);
+  slot.chunk.stored = true;
+  slot.chunk.offset = offset;
+  slot.chunk.length = static_cast<uint32_t>(length);
+  slot.record = std::make_shared<const StoredRecord>(
+      StoredRecord{slot.chunk.id, raw_len, pack_.pack_id, offset, slot.chunk.length,
+                   delta ? slot.base->depth + 1 : 1, delta ? slot.base : nullptr});
   ++records_written_;
   record_bytes_ += length;
+  if (delta) ++records_delta_;
   return Status::OK();
 }
 
@@ -367,7 +396,8 @@ Status Snapshot::Persist() {
   for (const TensorDesc& t : tensors_) commit.size += t.nbytes;
   commit.pack_id = pack_.pack_id;
   commit.pack_length = pack_end_.load();
-  commit.chunks = chunks_;
+  commit.chunks.reserve(slots_.size());
+  for (const Slot& slot : slots_) commit.chunks.push_back(slot.chunk);
   commit.shard_json = ShardJson(tensors_, commit.file_name, engine_->rank_);
   return engine_->sink_->Commit(commit);
 }

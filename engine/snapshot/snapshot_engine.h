@@ -12,8 +12,11 @@
 // blocks whose fingerprint and length equal the same block of this engine's previous
 // snapshot are not copied and become references to the previous chunk; runs of changed blocks
 // are copied into the host ring. Persist (worker pool, while training goes on): SHA-256 chunk
-// id, compression, a record appended to the rank's reserved pack; then fdatasync and the
-// commit. Chunks are the blocks plus the safetensors header, so unchanged blocks reuse chunks.
+// id; the encoding of codec/piece_codec.h (byte planes by the dtype's element width, and a
+// delta against the previous snapshot's chunk of the same block, read back from its pack by
+// record_chain.h, when that is smaller); a record appended to the rank's reserved pack; then
+// fdatasync and the commit. Chunks are the blocks plus the safetensors header, so unchanged
+// blocks reuse chunks. Delta chains are bounded by max_delta_chain and by the store's bound.
 // One snapshot at a time: Start waits for the previous one to finish.
 // Thread-safe.
 #pragma once
@@ -32,6 +35,7 @@
 #include "engine/codec/codec.h"
 #include "engine/snapshot/backend.h"
 #include "engine/snapshot/host_ring.h"
+#include "engine/snapshot/record_chain.h"
 #include "engine/snapshot/sink.h"
 #include "engine/util/file.h"
 #include "engine/util/worker_pool.h"
@@ -45,6 +49,9 @@ struct EngineOptions {
   uint64_t ring_bytes = 256u << 20;
   uint64_t max_copy_bytes = 64u << 20;  // the largest single copy of a run of changed blocks
   int workers = 0;                      // persist threads; 0: one per CPU
+  // A chunk is rebuilt from at most this many records (the daemon's store may bound it lower);
+  // 1 stores no deltas. Each persist thread holds up to three blocks while it encodes one.
+  uint32_t max_delta_chain = 8;
   CodecSpec codec;
   BackendKind backend = BackendKind::kAuto;  // kAuto: CUDA when built and a device is present
 };
@@ -56,11 +63,13 @@ struct SnapshotStats {
   uint64_t bytes = 0;             // tensor bytes of the snapshot
   uint64_t bytes_copied = 0;      // staged into the ring
   uint64_t records_written = 0;
-  uint64_t record_bytes = 0;    // header + payload of the records written
-  uint64_t chunks_deduped = 0;  // copied, but their bytes were already stored
-  double stage_seconds = 0;     // Start to WaitStaged
-  double persist_seconds = 0;   // Start to the rank's commit accepted
-  double total_seconds = 0;     // Start to Wait
+  uint64_t record_bytes = 0;            // header + payload of the records written
+  uint64_t chunks_deduped = 0;          // copied, but their bytes were already stored
+  uint64_t records_delta = 0;           // records stored as a delta against the previous snapshot
+  uint64_t delta_bases_unreadable = 0;  // changed blocks whose base could not be read back
+  double stage_seconds = 0;             // Start to WaitStaged
+  double persist_seconds = 0;           // Start to the rank's commit accepted
+  double total_seconds = 0;             // Start to Wait
 };
 
 class Engine;
@@ -82,6 +91,14 @@ class Snapshot {
   friend class Engine;
   enum class Phase { kStaging, kStaged, kCommitted, kDone };
   struct Region;  // one staged copy
+  // One chunk of the file: the header (slot 0), then each tensor's blocks.
+  struct Slot {
+    Fingerprint fp;
+    CommitChunk chunk;
+    uint8_t width = 1;  // element width of its tensor
+    // Where its bytes are stored (null: unknown); a changed block's delta base candidate.
+    std::shared_ptr<const StoredRecord> record, base;
+  };
   Snapshot(Engine* engine, std::string version, std::vector<TensorDesc> tensors,
            std::map<std::string, std::string> metadata);
   void Run();
@@ -90,7 +107,8 @@ class Snapshot {
   Status CopyRun(size_t tensor, uint64_t first_block, uint64_t end_block);
   void PersistBlock(std::shared_ptr<Region> region, size_t slot, uint64_t region_offset);
   Status StoreChunk(size_t slot, const std::byte* raw, size_t n);
-  Status WriteRecord(const ChunkId& id, const std::byte* raw, size_t n, CommitChunk* out);
+  // Appends the record of slot's chunk (its id set) to the pack; fills its chunk and record.
+  Status WriteRecord(Slot& slot, Bytes raw, const Buffer* base);
   void Fail(const Status& s);
   void Advance(Phase phase, Status s);
   Status WaitFor(Phase phase);
@@ -102,13 +120,14 @@ class Snapshot {
   std::string header_;                    // the safetensors header (length prefix included)
   std::vector<uint64_t> tensor_offsets_;  // in the file
   std::vector<size_t> first_slot_;        // of each tensor
-  std::vector<Fingerprint> fps_;          // of each slot (slot 0: the header, unused)
-  std::vector<CommitChunk> chunks_;       // each task fills its own slot
+  std::vector<Slot> slots_;               // each task fills its own slot
   PackTarget pack_;
   FileDescriptor pack_fd_;
   std::atomic<uint64_t> pack_end_{0};
+  std::unique_ptr<PackReader> bases_;  // the packs of earlier snapshots, for delta bases
+  uint32_t max_delta_chain_ = 1;
   std::mutex dedup_mu_;
-  std::unordered_map<ChunkId, CommitChunk> written_;  // GUARDED_BY(dedup_mu_)
+  std::unordered_map<ChunkId, Slot> written_;  // GUARDED_BY(dedup_mu_)
   std::thread driver_;
 
   std::mutex task_mu_;
@@ -122,7 +141,7 @@ class Snapshot {
   Status error_;                        // GUARDED_BY(mu_): the first failure
   SnapshotStats stats_;                 // GUARDED_BY(mu_) for the seconds
   std::atomic<uint64_t> blocks_unchanged_{0}, bytes_copied_{0}, records_written_{0},
-      record_bytes_{0}, chunks_deduped_{0};
+      record_bytes_{0}, chunks_deduped_{0}, records_delta_{0}, delta_bases_unreadable_{0};
 };
 
 class Engine {
@@ -154,6 +173,7 @@ class Engine {
     Fingerprint fp;
     uint64_t len = 0;
     ChunkId id;
+    std::shared_ptr<const StoredRecord> record;  // where its bytes are; null: unknown
   };
   using BlockTable = std::unordered_map<std::string, std::vector<PrevBlock>>;
   Engine(std::unique_ptr<PersistSink> sink, int rank, int world_size, const EngineOptions& o);

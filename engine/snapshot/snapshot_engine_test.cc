@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "engine/codec/codec.h"
+#include "engine/codec/piece_codec.h"
 #include "engine/store/record.h"
 #include "engine/util/file.h"
 
@@ -54,9 +55,17 @@ class SnapshotEngineTest : public ::testing::Test {
         auto h = RecordHeader::Decode(AsBytes(std::string_view(pack).substr(off, 64)));
         EXPECT_TRUE(h.ok());
         std::string raw(h->raw_len, '\0');
-        Status s =
-            Decompress(h->codec, AsBytes(std::string_view(pack).substr(off + 64, h->stored_len)),
-                       {reinterpret_cast<std::byte*>(raw.data()), raw.size()});
+        auto body =
+            SplitRecordPayload(*h, AsBytes(std::string_view(pack).substr(off + 64, h->stored_len)));
+        EXPECT_TRUE(body.ok());
+        Bytes base;
+        if (body->base) {
+          EXPECT_TRUE(known->count(body->base->Hex())) << "delta against an unknown chunk";
+          base = AsBytes((*known)[body->base->Hex()]);
+          ++deltas_;
+        }
+        Status s = DecodePiece({h->transform(), h->width(), h->codec}, body->encoded, base,
+                               {reinterpret_cast<std::byte*>(raw.data()), raw.size()});
         EXPECT_TRUE(s.ok()) << s.ToString();
         EXPECT_EQ(ChunkId::Of(AsBytes(raw)).Hex(), id);
         (*known)[id] = raw;
@@ -69,6 +78,7 @@ class SnapshotEngineTest : public ::testing::Test {
   }
 
   std::filesystem::path dir_;
+  int deltas_ = 0;  // delta records Rebuild decoded
 };
 
 TEST_F(SnapshotEngineTest, SecondSnapshotCopiesAndStoresOnlyChangedBlocks) {
@@ -154,6 +164,80 @@ TEST_F(SnapshotEngineTest, MetadataGoesIntoTheHeaderAndReservedKeysFail) {
   EXPECT_EQ(header["__metadata__"]["ckptfs.extra"], R"({"step": 5})");
   EXPECT_EQ(header["__metadata__"]["user"], "x");
   EXPECT_EQ(header["__metadata__"]["ckptfs.rank"], "0");
+}
+
+// A training step: every weight moves a little.
+void Step(std::vector<float>* v, float lr) {
+  for (size_t i = 0; i < v->size(); ++i) (*v)[i] -= lr * (*v)[i] * ((i % 7) - 3.0f);
+}
+
+TEST_F(SnapshotEngineTest, ChangedBlocksAreDeltasAgainstThePreviousSnapshotWithinTheChainBound) {
+  EngineOptions o;
+  o.block_bytes = 64 << 10;
+  o.max_delta_chain = 2;
+  auto engine = Open(o);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0, 0.02f);
+  std::vector<float> w(200000);
+  for (float& x : w) x = normal(rng);
+  auto descs = [&] {
+    return std::vector<TensorDesc>{{"w", "F32", {200000}, w.data(), -1, w.size() * 4, {}, {}}};
+  };
+  const uint64_t blocks = (w.size() * 4 + o.block_bytes - 1) / o.block_bytes;
+  std::map<std::string, std::string> known;
+  std::vector<SnapshotStats> st;
+  for (int v = 0; v < 4; ++v) {
+    if (v > 0) Step(&w, 1e-4f);
+    std::string name = "v";
+    name += static_cast<char>('0' + v);
+    auto snap = *engine->Start(name, descs());
+    ASSERT_TRUE(snap->Wait().ok());
+    st.push_back(snap->stats());
+    deltas_ = 0;
+    const std::string f = Rebuild(name, &known);
+    EXPECT_EQ(f.substr(f.size() - w.size() * 4),
+              std::string(reinterpret_cast<const char*>(w.data()), w.size() * 4))
+        << name;
+    EXPECT_EQ(static_cast<uint64_t>(deltas_), st.back().records_delta);
+  }
+  EXPECT_EQ(st[0].records_delta, 0u);
+  EXPECT_EQ(st[1].records_delta, blocks);  // against v0
+  EXPECT_EQ(st[2].records_delta, 0u);      // v1's chain is full (2): stored whole
+  EXPECT_EQ(st[3].records_delta, blocks);  // against v2
+  EXPECT_LT(st[1].record_bytes, st[0].record_bytes * 3 / 4);
+  EXPECT_LT(st[1].record_bytes, st[2].record_bytes * 3 / 4);
+}
+
+TEST_F(SnapshotEngineTest, ABaseThatCannotBeReadBackMeansAWholeRecord) {
+  EngineOptions o;
+  o.block_bytes = 64 << 10;
+  auto engine = Open(o);
+  std::vector<float> w(100000, 0.5f);
+  for (size_t i = 0; i < w.size(); ++i) w[i] += 1e-3f * static_cast<float>(i % 1000);
+  auto descs = [&] {
+    return std::vector<TensorDesc>{{"w", "F32", {100000}, w.data(), -1, w.size() * 4, {}, {}}};
+  };
+  auto s1 = *engine->Start("v1", descs());
+  ASSERT_TRUE(s1->Wait().ok());
+  // What gc rewriting the pack would look like: other bytes where the records were.
+  auto c = nlohmann::json::parse(ReadAll(dir_ / "commit-v1-rank0.json"));
+  const auto pack = dir_ / PackFileName(c["pack_id"].get<uint32_t>());
+  std::string bytes = ReadAll(pack);
+  std::fill(bytes.begin() + kPackHeaderBytes, bytes.end(), 'x');
+  {
+    std::ofstream f(pack, std::ios::binary | std::ios::trunc);
+    f << bytes;
+  }
+  Step(&w, 1e-4f);
+  auto s2 = *engine->Start("v2", descs());
+  ASSERT_TRUE(s2->Wait().ok());
+  const uint64_t blocks = (w.size() * 4 + o.block_bytes - 1) / o.block_bytes;
+  EXPECT_EQ(s2->stats().records_delta, 0u);
+  EXPECT_EQ(s2->stats().delta_bases_unreadable, blocks);
+  std::map<std::string, std::string> known;
+  const std::string f = Rebuild("v2", &known);
+  EXPECT_EQ(f.substr(f.size() - w.size() * 4),
+            std::string(reinterpret_cast<const char*>(w.data()), w.size() * 4));
 }
 
 }  // namespace

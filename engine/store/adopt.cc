@@ -3,8 +3,10 @@
 // process appends records to it in the record format of record.h and syncs it; the daemon
 // checks every record and then adopts the chunks in the catalog transaction that publishes
 // the version. A reserved pack that is never adopted is deleted (DiscardExternalPack, or by
-// Recover at the next open: no pack row refers to it).
+// Recover at the next open: no pack row refers to it). Records may be encoded as the store's
+// own are (planes, deltas); a delta's base must be stored, and gains a reference.
 #include <fcntl.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -90,20 +92,16 @@ Status Store::CheckExternalPack(uint32_t pack_id, uint64_t length,
       return Status::Corruption(where + ": record does not match its commit (chunk " +
                                 c->id.ShortHex() + ")");
     }
-    // Plain records only: a delta names its base, which adoption would have to reference.
-    if (h->transform() != Transform::kPlain) {
-      return Status::NotSupported(where + ": adopted records must be plain");
-    }
     if (Checksum64(payload) != h->payload_checksum) {
       return Status::Corruption(where + ": checksum mismatch in chunk " + c->id.ShortHex());
     }
-    ChunkRow row;
-    row.pack_id = pack_id;
-    row.offset = offset;
-    row.length = len;
-    row.raw_len = h->raw_len;
-    row.codec = h->codec;
-    row.checksum = h->payload_checksum;
+    auto body = SplitRecordPayload(*h, payload);
+    if (!body.ok()) return Status::Corruption(where + ": " + body.status().message());
+    ChunkRow row = RowOf(*h, PackLocation{pack_id, offset, len});
+    if (body->base) {  // its depth and the base's reference come at adoption
+      if (*body->base == c->id) return Status::Corruption(where + ": a delta against itself");
+      row.base = *body->base;
+    }
     rows[offset] = row;
     expected += len;
   }
@@ -115,6 +113,31 @@ Status Store::CheckExternalPack(uint32_t pack_id, uint64_t length,
     if (c.record) c.row = rows[c.record->offset];
   }
   return DataSync(fd.get(), path);  // the writer synced; this makes it the daemon's fact too
+}
+
+Status Store::ReferenceDeltaBase(Catalog::WriteTxn& txn, const ChunkId& id, ChunkRow* row) {
+  CKPTFS_ASSIGN_OR_RETURN(std::optional<ChunkRow> base, txn.GetChunk(row->base));
+  if (!base) {
+    return Status::NotFound("chunk " + id.ShortHex() + " is a delta against " +
+                            row->base.ShortHex() +
+                            ", which is no longer stored (was the previous version deleted and "
+                            "collected?)");
+  }
+  if (base->raw_len != row->raw_len) {
+    return Status::Corruption("chunk " + id.ShortHex() + " is a delta against a chunk of " +
+                              std::to_string(base->raw_len) + " bytes, not " +
+                              std::to_string(row->raw_len));
+  }
+  // The writer bounds its chains by max_delta_chain, counting from what it stored itself; a
+  // base whose bytes the store held already (written through the mount, a longer chain) can
+  // make this chain longer. Readers decode such chains (up to 255 records); gc shortens none.
+  row->depth = static_cast<uint8_t>(std::min<uint32_t>(base->depth + 1u, 255u));
+  if (row->depth > options_.max_delta_chain) {
+    spdlog::warn("adopted chunk {} is rebuilt from {} records (max_delta_chain {})", id.ShortHex(),
+                 row->depth, options_.max_delta_chain);
+  }
+  ++base->refcount;
+  return txn.PutChunk(row->base, *base);
 }
 
 Result<ContentId> Store::AdoptContentInTxn(Catalog::WriteTxn& txn,
@@ -135,6 +158,7 @@ Result<ContentId> Store::AdoptContentInTxn(Catalog::WriteTxn& txn,
     } else if (c.record) {
       row = c.row;
       row->refcount = 0;
+      if (IsDelta(row->transform)) CKPTFS_RETURN_IF_ERROR(ReferenceDeltaBase(txn, c.id, &*row));
     } else {
       return Status::NotFound("chunk " + c.id.ShortHex() +
                               " that an unchanged block refers to is no longer stored (was the "

@@ -54,6 +54,21 @@ Result<RecordHeader> RecordHeader::Decode(Bytes in) {
   return h;
 }
 
+Result<RecordBody> SplitRecordPayload(const RecordHeader& header, Bytes payload) {
+  if (!IsDelta(header.transform())) return RecordBody{std::nullopt, payload};
+  if (payload.size() < kChunkIdBytes) return Status::Corruption("delta record is truncated");
+  ChunkId base;
+  std::memcpy(base.bytes.data(), payload.data(), kChunkIdBytes);
+  return RecordBody{base, payload.subspan(kChunkIdBytes)};
+}
+
+Buffer JoinDeltaPayload(const ChunkId& base, Bytes encoded) {
+  Buffer out(kChunkIdBytes + encoded.size());
+  std::memcpy(out.data(), base.bytes.data(), kChunkIdBytes);
+  if (!encoded.empty()) std::memcpy(out.data() + kChunkIdBytes, encoded.data(), encoded.size());
+  return out;
+}
+
 void EncodePackHeader(uint32_t pack_id, std::byte out[kPackHeaderBytes]) {
   std::memset(out, 0, kPackHeaderBytes);
   std::memcpy(out, kPackMagic, 8);

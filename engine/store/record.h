@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "engine/codec/codec.h"
@@ -68,6 +69,17 @@ struct RecordHeader {
   // bounds or the flags name an unknown encoding.
   static Result<RecordHeader> Decode(Bytes in);
 };
+
+// A record's payload split: for a delta, the base chunk it names (the payload's first 32
+// bytes) and the encoded bytes after it; otherwise no base and the whole payload.
+struct RecordBody {
+  std::optional<ChunkId> base;
+  Bytes encoded;
+};
+// Corruption when a delta payload is shorter than a chunk id.
+Result<RecordBody> SplitRecordPayload(const RecordHeader& header, Bytes payload);
+// The payload of a delta record: the base's id, then the encoded bytes.
+Buffer JoinDeltaPayload(const ChunkId& base, Bytes encoded);
 
 // The 32-byte header that starts every pack file: "CKPTPACK", format version, pack id.
 void EncodePackHeader(uint32_t pack_id, std::byte out[kPackHeaderBytes]);

@@ -280,9 +280,7 @@ Result<ChunkRow> Store::PutChunk(const ChunkId& id, Buffer raw, const PieceHint&
   const bool delta = IsDelta(piece.encoding.transform);
   Buffer payload;
   if (delta) {
-    payload = Buffer(kChunkIdBytes + piece.stored.size());
-    std::memcpy(payload.data(), hint.base->first.bytes.data(), kChunkIdBytes);
-    std::memcpy(payload.data() + kChunkIdBytes, piece.stored.data(), piece.stored.size());
+    payload = JoinDeltaPayload(hint.base->first, piece.stored.bytes());
   } else if (!piece.stored_raw()) {
     payload = std::move(piece.stored);
   }
@@ -579,11 +577,11 @@ Result<Buffer> Store::DecodeRecord(const ChunkId& id, const ChunkRow& row,
   const PieceEncoding encoding{header.transform(), header.width(), header.codec};
   Buffer raw(row.raw_len);
   std::shared_ptr<const Buffer> base;
-  if (IsDelta(encoding.transform)) {
-    ChunkId base_id;
-    if (payload.size() < kChunkIdBytes) return Status::Corruption(where + ": delta is truncated");
-    std::memcpy(base_id.bytes.data(), payload.data(), kChunkIdBytes);
-    payload = payload.subspan(kChunkIdBytes);
+  auto body = SplitRecordPayload(header, payload);
+  if (!body.ok()) return Status::Corruption(where + ": " + body.status().message());
+  payload = body->encoded;
+  if (body->base) {
+    const ChunkId& base_id = *body->base;
     const int depth = chain ? chain->depth + 1 : 1;
     bool cycle = base_id == id;
     for (const DecodeChain* c = chain; c != nullptr && !cycle; c = c->outer) {

@@ -177,11 +177,12 @@ class Store {
   // never uses, for another process to append records to.
   Result<std::pair<uint32_t, std::filesystem::path>> CreateExternalPack(uint32_t uid, uint32_t gid);
   // Checks that the records of `chunks` tile the pack from its header to `length`, each with
-  // a valid header, the claimed id and length, a plain encoding and a matching payload
-  // checksum; fills their rows and syncs the pack. Corruption names the pack and offset.
+  // a valid header, the claimed id and length and a matching payload checksum; fills their
+  // rows (a delta's row names its base) and syncs the pack. Corruption names pack and offset.
   Status CheckExternalPack(uint32_t pack_id, uint64_t length, std::vector<AdoptedChunk>* chunks);
   // Adds a content made of `chunks` (checked) inside `txn`: new records become chunk rows,
-  // stored chunks gain a reference, the pack is committed up to pack_length (0: no pack).
+  // stored chunks gain a reference, a new delta references its base (NotFound when the base
+  // is no longer stored), the pack is committed up to pack_length (0: no pack).
   Result<ContentId> AdoptContentInTxn(Catalog::WriteTxn& txn,
                                       const std::vector<AdoptedChunk>& chunks, uint64_t size,
                                       uint32_t pack_id, uint64_t pack_length);
@@ -257,6 +258,8 @@ class Store {
   // REQUIRES: gc_mu_ exclusive and mu_ held.
   Status DropChunksInTxn(Catalog::WriteTxn& txn, std::vector<ChunkId> dead, GcReport* report);
   Status RematerializeOrphanedDeltas(GcReport* report);
+  // A new adopted delta row (adopt.cc): its depth from the base's row, a reference on the base.
+  Status ReferenceDeltaBase(Catalog::WriteTxn& txn, const ChunkId& id, ChunkRow* row);
   // The catalog row of a record appended at `loc` (no delta base, no references).
   static ChunkRow RowOf(const RecordHeader& header, const PackLocation& loc);
   uint64_t PackBytesOnDisk() const;

@@ -38,14 +38,16 @@ class _Tensor(ctypes.Structure):
 class _Options(ctypes.Structure):
     _fields_ = [("block_bytes", ctypes.c_uint64), ("ring_bytes", ctypes.c_uint64),
                 ("max_copy_bytes", ctypes.c_uint64), ("workers", ctypes.c_int32),
-                ("codec", ctypes.c_char_p), ("backend", ctypes.c_int32)]
+                ("codec", ctypes.c_char_p), ("backend", ctypes.c_int32),
+                ("max_delta_chain", ctypes.c_uint32)]
 
 
 class _Stats(ctypes.Structure):
     _fields_ = [(n, ctypes.c_uint64) for n in (
         "tensors", "blocks", "blocks_unchanged", "bytes", "bytes_copied", "records_written",
         "record_bytes", "chunks_deduped")] + [
-        (n, ctypes.c_double) for n in ("stage_seconds", "persist_seconds", "total_seconds")]
+        (n, ctypes.c_double) for n in ("stage_seconds", "persist_seconds", "total_seconds")] + [
+        (n, ctypes.c_uint64) for n in ("records_delta", "delta_bases_unreadable")]
 
 
 _lib = None
@@ -148,7 +150,8 @@ class _Engine:
         opts = _Options(options.get("block_bytes", 0), options.get("ring_bytes", 0),
                         options.get("max_copy_bytes", 0), options.get("workers", 0),
                         options["codec"].encode() if options.get("codec") else None,
-                        {"auto": 0, "cpu": 1, "cuda": 2}[options.get("backend", "auto")])
+                        {"auto": 0, "cpu": 1, "cuda": 2}[options.get("backend", "auto")],
+                        options.get("max_delta_chain", 0))
         err = _errbuf()
         self.handle = lib.ckptfs_engine_open(target.encode(), rank, world_size,
                                              ctypes.byref(opts), err, len(err))
@@ -321,7 +324,8 @@ def snapshot(state_dict, path, rank=0, world_size=1, shard_info=None, **options)
     """Starts a snapshot of this rank's `state_dict` into version `path` (a top-level
     directory of a ckptfs mount) and returns a Snapshot handle at once. shard_info maps a
     tensor name to (global_shape, offsets) for partitioned tensors. options: block_bytes,
-    ring_bytes, max_copy_bytes, workers, codec, backend ("auto", "cpu", "cuda"), and target
+    ring_bytes, max_copy_bytes, workers, codec, backend ("auto", "cpu", "cuda"),
+    max_delta_chain (1: store no deltas), and target
     ("unix:SOCKET" or "dir:PATH", instead of finding the mount's daemon)."""
     target = options.pop("target", None)
     if target is None:
