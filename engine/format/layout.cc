@@ -132,6 +132,9 @@ size_t LayoutScanner::ScanDetect(Bytes data) {
   if (head_[8] == '{' && need.ok() && *need <= kMaxHeaderBytes + 8) {
     format_ = Mode::kSafetensorsHeader;
     header_need_ = *need;
+    // A one-byte header is complete already: parse it now rather than return having consumed
+    // nothing (a call that consumes nothing is a boundary's).
+    if (head_.size() >= header_need_) return n + ScanSafetensorsHeader(data.subspan(n));
   } else {
     format_ = Mode::kDone;
     head_.clear();

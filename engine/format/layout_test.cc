@@ -86,6 +86,20 @@ TEST(LayoutScannerTest, NotAFormatHasNoSections) {
   }
 }
 
+// Found by the views fuzzer: a header one byte long is complete once the 9 bytes that detect
+// the format are in, and must not leave a call that consumed nothing without a boundary.
+TEST(LayoutScannerTest, AOneByteSafetensorsHeaderIsConsumedWithoutAStall) {
+  const std::string file("\x01\0\0\0\0\0\0\0{ rest of the file", 26);
+  LayoutScanner scanner;
+  Bytes rest = AsBytes(file);
+  while (!rest.empty()) {
+    const size_t n = scanner.Scan(rest);
+    ASSERT_TRUE(n > 0 || scanner.AtBoundary());
+    rest = rest.subspan(n);
+  }
+  EXPECT_TRUE(scanner.TakeLayout().sections.empty());
+}
+
 TEST(LayoutScannerTest, LayoutRowsRoundTripAndRejectGarbage) {
   ContentLayout layout;
   layout.format = ContentLayout::Format::kTorchZip;
