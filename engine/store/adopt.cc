@@ -130,8 +130,13 @@ Status Store::ReferenceDeltaBase(Catalog::WriteTxn& txn, const ChunkId& id, Chun
   }
   // The writer bounds its chains by max_delta_chain, counting from what it stored itself; a
   // base whose bytes the store held already (written through the mount, a longer chain) can
-  // make this chain longer. Readers decode such chains (up to 255 records); gc shortens none.
-  row->depth = static_cast<uint8_t>(std::min<uint32_t>(base->depth + 1u, 255u));
+  // make this chain longer. Readers decode such chains up to 255 records.
+  if (base->depth >= 254) {  // readers stop at 255 records
+    return Status::NotSupported("chunk " + id.ShortHex() +
+                                " would be rebuilt from more than 254 "
+                                "records; snapshot again with max_delta_chain 1");
+  }
+  row->depth = static_cast<uint8_t>(base->depth + 1);
   if (row->depth > options_.max_delta_chain) {
     spdlog::warn("adopted chunk {} is rebuilt from {} records (max_delta_chain {})", id.ShortHex(),
                  row->depth, options_.max_delta_chain);
