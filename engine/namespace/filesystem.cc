@@ -16,7 +16,6 @@ namespace {
 
 constexpr char kNextInoKey[] = "next_ino";
 constexpr char kNextVersionKey[] = "next_version_seq";
-constexpr size_t kCopyBytes = 4 << 20;
 
 int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -37,37 +36,6 @@ Status Errno(int err, std::string_view what) { return Status::FromErrno(err, wha
 
 }  // namespace
 
-// The in-memory state of a file that is open, or closed but not yet committed.
-struct FileSystem::OpenInode {
-  explicit OpenInode(const Inode& inode)
-      : ino(inode.ino),
-        version(inode.version),
-        base(inode.content),
-        size(inode.size),
-        size_view(inode.size),
-        mtime_view(inode.mtime_ns) {}
-  const Ino ino;
-  Ino version;      // GUARDED_BY(open_mu_)
-  int handles = 0;  // GUARDED_BY(open_mu_)
-  std::atomic<bool> sealed{false};
-  // The same file of the previous version (its delta reference), looked up once by
-  // ReferenceFile(); the first Write lets it commit first if its commit is still queued.
-  std::once_flag reference_once;
-  std::optional<Ino> reference_file;  // written once under reference_once
-  std::atomic<bool> reference_settled{false};
-
-  std::mutex mu;
-  ContentId base;                         // GUARDED_BY(mu): committed content the bytes start from
-  uint64_t size;                          // GUARDED_BY(mu)
-  bool dirty = false;                     // GUARDED_BY(mu): differs from the committed inode
-  std::unique_ptr<ContentWriter> writer;  // GUARDED_BY(mu): streaming mode
-  FileDescriptor staging;                 // GUARDED_BY(mu): staging mode
-  Status error;  // GUARDED_BY(mu): a write or commit failed; bytes are lost
-  // Read without mu by GetAttr.
-  std::atomic<uint64_t> size_view;
-  std::atomic<int64_t> mtime_view;
-};
-
 FileSystem::FileSystem(Store* store, const FileSystemOptions& options)
     : store_(store), options_(options), staging_dir_(store->dir() / "staging") {}
 
@@ -75,28 +43,24 @@ Result<std::unique_ptr<FileSystem>> FileSystem::Open(Store* store,
                                                      const FileSystemOptions& options) {
   std::unique_ptr<FileSystem> fs(new FileSystem(store, options));
   CKPTFS_RETURN_IF_ERROR(fs->Init());
-  fs->committer_ = std::thread([p = fs.get()] { p->RunCommitter(); });
+  fs->committer_ = std::make_unique<Committer>(
+      [p = fs.get()](const std::shared_ptr<OpenInode>& file) { p->ForgetReleased(file); });
   if (options.seal_after.count() > 0) fs->sealer_ = std::thread([p = fs.get()] { p->RunSealer(); });
   return fs;
 }
 
 FileSystem::~FileSystem() {
   {  // the sealer first: it may be waiting on the committer
-    std::lock_guard lock(queue_mu_);
+    std::lock_guard lock(sealer_mu_);
     sealer_stopping_ = true;
   }
-  queue_cv_.notify_all();
+  sealer_cv_.notify_all();
   if (sealer_.joinable()) sealer_.join();
-  if (committer_.joinable()) {
+  if (committer_) {
     Status s = Sync();
     if (!s.ok()) spdlog::error("committing open files at shutdown failed: {}", s.ToString());
+    committer_.reset();
   }
-  {
-    std::lock_guard lock(queue_mu_);
-    stopping_ = true;
-  }
-  queue_cv_.notify_all();
-  if (committer_.joinable()) committer_.join();
 }
 
 Status FileSystem::Init() {
@@ -193,8 +157,8 @@ Result<Inode> FileSystem::GetAttr(Ino ino) {
   std::lock_guard lock(open_mu_);
   auto it = open_files_.find(ino);
   if (it != open_files_.end()) {
-    inode.size = it->second->size_view.load();
-    inode.mtime_ns = std::max(inode.mtime_ns, it->second->mtime_view.load());
+    inode.size = it->second->size_view();
+    inode.mtime_ns = std::max(inode.mtime_ns, it->second->mtime_view());
   }
   return inode;
 }
@@ -385,7 +349,7 @@ Status FileSystem::Rename(Ino parent, std::string_view name, Ino new_parent,
 
 // ---- Open files -----------------------------------------------------------------------------
 
-Result<std::shared_ptr<FileSystem::OpenInode>> FileSystem::OpenInodeFor(Ino ino) {
+Result<std::shared_ptr<OpenInode>> FileSystem::OpenInodeFor(Ino ino) {
   std::lock_guard lock(open_mu_);
   auto it = open_files_.find(ino);
   if (it == open_files_.end()) {
@@ -396,7 +360,9 @@ Result<std::shared_ptr<FileSystem::OpenInode>> FileSystem::OpenInodeFor(Ino ino)
       CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginRead());
       CKPTFS_ASSIGN_OR_RETURN(inode, MustGet(txn, ino));
     }
-    it = open_files_.emplace(ino, std::make_shared<OpenInode>(inode)).first;
+    auto file = std::make_shared<OpenInode>(inode, store_, staging_dir_,
+                                            [this](OpenInode& f) { return NewFileWriter(f); });
+    it = open_files_.emplace(ino, std::move(file)).first;
   }
   // Counted here, under the same lock: the committer forgets an open file without handles.
   ++it->second->handles;
@@ -438,17 +404,7 @@ Result<uint64_t> FileSystem::Open(Ino ino, int flags) {
     (void)Release(fh);
     return Status::ReadOnly("version is being sealed");
   }
-  if (flags & O_TRUNC) {
-    std::lock_guard lock(file->mu);
-    file->writer.reset();
-    file->staging = FileDescriptor();
-    file->error = Status::OK();
-    file->base = 0;
-    file->size = 0;
-    file->size_view = 0;
-    file->mtime_view = NowNs();
-    file->dirty = true;
-  }
+  if (flags & O_TRUNC) file->TruncateForOpen();
   return fh;
 }
 
@@ -476,20 +432,11 @@ Result<size_t> FileSystem::Read(uint64_t fh, uint64_t offset, MutableBytes out) 
 
 Result<size_t> FileSystem::ReadOnce(const Handle& h, uint64_t offset, MutableBytes out,
                                     int attempt) {
-  OpenInode& f = *h.file;
-  ContentId content;
+  ContentId content = 0;
   {
-    std::lock_guard lock(f.mu);
-    CKPTFS_RETURN_IF_ERROR(f.error);
-    if (offset >= f.size) return size_t{0};
-    out = out.first(static_cast<size_t>(std::min<uint64_t>(out.size(), f.size - offset)));
-    if (f.staging.valid()) {
-      ssize_t n = ::pread(f.staging.get(), out.data(), out.size(), static_cast<off_t>(offset));
-      if (n < 0) return Errno(errno, "read staging file");
-      return static_cast<size_t>(n);
-    }
-    if (f.writer) return f.writer->ReadBack(offset, out);
-    content = f.base;
+    CKPTFS_ASSIGN_OR_RETURN(std::optional<size_t> pending,
+                            h.file->ReadPending(offset, out, &content));
+    if (pending) return *pending;
   }
   // A clean file reads straight from the store, without holding the file's lock.
   if (content == 0) {
@@ -511,34 +458,6 @@ Result<size_t> FileSystem::ReadOnce(const Handle& h, uint64_t offset, MutableByt
     return ReadOnce(h, offset, out, attempt + 1);
   }
   return n;
-}
-
-Status FileSystem::ToStagingLocked(OpenInode& f) {
-  CKPTFS_ASSIGN_OR_RETURN(FileDescriptor fd,
-                          ckptfs::OpenFile(staging_dir_, O_TMPFILE | O_RDWR, 0600));
-  Buffer buf(kCopyBytes);
-  for (uint64_t off = 0; off < f.size;) {
-    MutableBytes piece = buf.mutable_bytes().first(
-        static_cast<size_t>(std::min<uint64_t>(kCopyBytes, f.size - off)));
-    size_t n;
-    if (f.writer) {
-      CKPTFS_ASSIGN_OR_RETURN(n, f.writer->ReadBack(off, piece));
-    } else if (f.base != 0) {
-      CKPTFS_ASSIGN_OR_RETURN(n, store_->Read(f.base, off, piece));
-    } else {
-      std::memset(piece.data(), 0, piece.size());
-      n = piece.size();
-    }
-    if (n == 0) return Status::Corruption("file is shorter than its size");
-    CKPTFS_RETURN_IF_ERROR(PWriteFull(fd.get(), off, piece.first(n), staging_dir_));
-    off += n;
-  }
-  if (::ftruncate(fd.get(), static_cast<off_t>(f.size)) != 0) {
-    return Errno(errno, "size staging file");
-  }
-  f.writer.reset();  // abandons the streamed chunks: the staging file holds the bytes now
-  f.staging = std::move(fd);
-  return Status::OK();
 }
 
 std::unique_ptr<ContentWriter> FileSystem::NewFileWriter(OpenInode& f) {
@@ -622,111 +541,25 @@ Status FileSystem::Write(uint64_t fh, uint64_t offset, Bytes data) {
   if (!f.reference_settled.exchange(true)) {
     // The same file of the previous version is this one's delta reference: if it was closed
     // but its commit is still queued (`cp -r` of one version right after another), commit it
-    // now, so that deltas do not depend on timing. Before f.mu: the committer may need it.
+    // now, so that deltas do not depend on timing. Before the file's lock: the committer needs it.
     if (std::optional<Ino> previous = ReferenceFile(f)) {
       Status s = CommitIfClosed(*previous);
       if (!s.ok()) spdlog::warn("inode {}: committing its reference: {}", f.ino, s.ToString());
     }
   }
-  std::lock_guard lock(f.mu);  // Seal() commits under this lock: check after taking it
-  if (f.sealed) return Status::ReadOnly("version is sealed");
-  CKPTFS_RETURN_IF_ERROR(f.error);
-  if (h.flags & O_APPEND) offset = f.size;
-  Status s;
-  if (!f.staging.valid() && offset == f.size) {
-    if (!f.writer) {
-      if (f.base != 0) {
-        CKPTFS_ASSIGN_OR_RETURN(f.writer, store_->NewAppender(f.base));
-      } else {
-        f.writer = NewFileWriter(f);
-      }
-    }
-    s = f.writer->Append(data);
-  } else {
-    if (!f.staging.valid()) s = ToStagingLocked(f);
-    if (s.ok()) s = PWriteFull(f.staging.get(), offset, data, staging_dir_);
-  }
-  if (!s.ok()) {
-    if (f.writer || !f.staging.valid()) f.error = s;  // streamed bytes cannot be trusted now
-    return s;
-  }
-  f.size = std::max(f.size, offset + data.size());
-  f.size_view = f.size;
-  f.mtime_view = NowNs();
-  f.dirty = true;
-  return Status::OK();
-}
-
-Status FileSystem::CommitLocked(OpenInode& f) {
-  if (!f.dirty) return f.error;
-  CKPTFS_RETURN_IF_ERROR(f.error);
-  const uint64_t size = f.size;
-  auto bind = [&](Catalog::WriteTxn& txn, ContentId id) -> Status {
-    CKPTFS_ASSIGN_OR_RETURN(std::optional<Inode> inode, GetInode(txn, f.ino));
-    if (!inode) return id != 0 ? store_->ReleaseInTxn(txn, id) : Status::OK();
-    ContentId old = inode->content;
-    inode->content = id;
-    inode->size = size;
-    // Read inside the transaction: a utime() since the commit began (SetAttr updates the
-    // view before its own transaction commits) must not be undone.
-    inode->mtime_ns = f.mtime_view.load();
-    inode->ctime_ns = NowNs();
-    CKPTFS_RETURN_IF_ERROR(PutInode(txn, *inode));
-    if (old != 0 && old != id) CKPTFS_RETURN_IF_ERROR(store_->ReleaseInTxn(txn, old));
-    return Status::OK();
-  };
-  Result<ContentId> id = ContentId{0};
-  if (f.writer) {
-    id = f.writer->Finish(bind);
-    f.writer.reset();
-  } else if (f.staging.valid()) {
-    auto writer = NewFileWriter(f);
-    Buffer buf(kCopyBytes);
-    for (uint64_t off = 0; off < size && id.ok();) {
-      size_t n = static_cast<size_t>(std::min<uint64_t>(kCopyBytes, size - off));
-      Status s = PReadFull(f.staging.get(), off, buf.mutable_bytes().first(n), staging_dir_);
-      if (s.ok()) s = writer->Append(buf.bytes().first(n));
-      if (!s.ok()) id = s;
-      off += n;
-    }
-    if (id.ok()) id = writer->Finish(bind);
-    if (id.ok()) f.staging = FileDescriptor();
-  } else if (size == 0) {
-    // Truncated to nothing: no content.
-    CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginWrite());
-    Status s = bind(txn, 0);
-    if (s.ok()) s = txn.Commit();
-    if (!s.ok()) id = s;
-  } else {
-    // Dirty without new bytes (only times changed): the content stays.
-    CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginWrite());
-    Status s = bind(txn, f.base);
-    if (s.ok()) s = txn.Commit();
-    if (!s.ok()) id = s;
-    if (s.ok()) id = f.base;
-  }
-  if (!id.ok()) {
-    spdlog::error("committing inode {} failed: {}; it keeps its previous contents", f.ino,
-                  id.status().ToString());
-    if (!f.staging.valid()) f.error = id.status();
-    return id.status();
-  }
-  f.base = *id;
-  f.dirty = false;
-  return Status::OK();
+  return f.Write(offset, data, (h.flags & O_APPEND) != 0);
 }
 
 Status FileSystem::Flush(uint64_t fh) {
   if (IsViewHandle(fh)) return Status::OK();
   CKPTFS_ASSIGN_OR_RETURN(Handle h, GetHandle(fh));
-  std::lock_guard lock(h.file->mu);
-  return h.file->error;
+  return h.file->error();
 }
 
 Status FileSystem::Fsync(uint64_t fh) {
   if (IsViewHandle(fh)) return Status::OK();
   CKPTFS_ASSIGN_OR_RETURN(Handle h, GetHandle(fh));
-  return Enqueue(CommitRequest{h.file, false, nullptr}, /*wait=*/true);
+  return committer_->Commit(h.file, /*release=*/false, /*wait=*/true);
 }
 
 // For views (views.cc): commits `ino` now if it is closed with a commit still queued.
@@ -738,7 +571,7 @@ Status FileSystem::CommitIfClosed(Ino ino) {
     if (it != open_files_.end() && it->second->handles == 0) pending = it->second;
   }
   if (!pending) return Status::OK();
-  return Enqueue(CommitRequest{std::move(pending), false, nullptr}, /*wait=*/true);
+  return committer_->Commit(std::move(pending), /*release=*/false, /*wait=*/true);
 }
 
 Status FileSystem::Release(uint64_t fh) {
@@ -753,66 +586,25 @@ Status FileSystem::Release(uint64_t fh) {
     version_activity_[file->version] = std::chrono::steady_clock::now();
     if (--file->handles > 0) return Status::OK();
   }
-  return Enqueue(CommitRequest{std::move(file), true, nullptr}, /*wait=*/false);
+  return committer_->Commit(std::move(file), /*release=*/true, /*wait=*/false);
 }
 
-Status FileSystem::Enqueue(CommitRequest request, bool wait) {
-  std::future<Status> done;
-  if (wait) {
-    request.done = std::make_shared<std::promise<Status>>();
-    done = request.done->get_future();
+void FileSystem::ForgetReleased(const std::shared_ptr<OpenInode>& file) {
+  // Forget the open file unless it was opened again; drop it if it was unlinked.
+  auto txn = store_->catalog().BeginWrite();
+  bool forget = false;
+  if (txn.ok()) {
+    std::lock_guard lock(open_mu_);
+    auto it = open_files_.find(file->ino);
+    forget = file->handles == 0 && it != open_files_.end() && it->second == file;
+    if (forget) open_files_.erase(it);
   }
-  {
-    std::lock_guard lock(queue_mu_);
-    queue_.push_back(std::move(request));
-  }
-  queue_cv_.notify_all();
-  return wait ? done.get() : Status::OK();
-}
-
-void FileSystem::RunCommitter() {
-  Status failed_since_barrier;  // reported to the next barrier (Sync, Seal, unmount)
-  for (;;) {
-    CommitRequest req;
-    {
-      std::unique_lock lock(queue_mu_);
-      queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      req = std::move(queue_.front());
-      queue_.pop_front();
-    }
-    Status s;
-    if (req.file) {
-      OpenInode& f = *req.file;
-      {
-        std::lock_guard lock(f.mu);
-        s = CommitLocked(f);
-      }
-      if (req.release) {
-        // Forget the open file unless it was opened again; drop it if it was unlinked.
-        auto txn = store_->catalog().BeginWrite();
-        bool forget = false;
-        if (txn.ok()) {
-          std::lock_guard lock(open_mu_);
-          auto it = open_files_.find(f.ino);
-          forget = f.handles == 0 && it != open_files_.end() && it->second == req.file;
-          if (forget) open_files_.erase(it);
-        }
-        if (forget) {
-          auto inode = GetInode(*txn, f.ino);
-          Status d = inode.ok() ? Status::OK() : inode.status();
-          if (d.ok() && *inode && (*inode)->nlink == 0) d = DropInode(*txn, **inode);
-          if (d.ok()) d = txn->Commit();
-          if (!d.ok()) spdlog::error("dropping unlinked inode {} failed: {}", f.ino, d.ToString());
-        }
-      }
-    }
-    if (!s.ok() && failed_since_barrier.ok()) failed_since_barrier = s;
-    if (!req.file) {
-      s = failed_since_barrier;
-      failed_since_barrier = Status::OK();
-    }
-    if (req.done) req.done->set_value(s);
+  if (forget) {
+    auto inode = GetInode(*txn, file->ino);
+    Status d = inode.ok() ? Status::OK() : inode.status();
+    if (d.ok() && *inode && (*inode)->nlink == 0) d = DropInode(*txn, **inode);
+    if (d.ok()) d = txn->Commit();
+    if (!d.ok()) spdlog::error("dropping unlinked inode {} failed: {}", file->ino, d.ToString());
   }
 }
 
@@ -869,29 +661,8 @@ Result<Inode> FileSystem::SetAttr(Ino ino, const SetAttrRequest& req) {
     CKPTFS_ASSIGN_OR_RETURN(uint64_t fh, Open(ino, O_WRONLY));
     Status s;
     {
-      CKPTFS_ASSIGN_OR_RETURN(Handle h, GetHandle(fh));
-      OpenInode& f = *h.file;
-      std::lock_guard lock(f.mu);
-      s = f.error;
-      const bool unchanged = *req.size == f.size;
-      if (s.ok() && unchanged) {
-        // Nothing to do: the file keeps its bytes (and stays clean if it was).
-      } else if (s.ok() && *req.size == 0) {
-        f.writer.reset();
-        f.staging = FileDescriptor();
-        f.base = 0;
-      } else if (s.ok() && *req.size != f.size) {
-        if (!f.staging.valid()) s = ToStagingLocked(f);
-        if (s.ok() && ::ftruncate(f.staging.get(), static_cast<off_t>(*req.size)) != 0) {
-          s = Errno(errno, "truncate staging file");
-        }
-      }
-      if (s.ok() && !unchanged) {
-        f.size = *req.size;
-        f.size_view = f.size;
-        f.mtime_view = NowNs();
-        f.dirty = true;
-      }
+      auto h = GetHandle(fh);
+      s = h.ok() ? h->file->Truncate(*req.size) : h.status();
     }
     Status r = Release(fh);
     CKPTFS_RETURN_IF_ERROR(s);
@@ -911,7 +682,7 @@ Result<Inode> FileSystem::SetAttr(Ino ino, const SetAttrRequest& req) {
     if (req.mtime_ns) {  // before Commit: a concurrent commit of the file binds this mtime
       std::lock_guard lock(open_mu_);
       auto it = open_files_.find(ino);
-      if (it != open_files_.end()) it->second->mtime_view = *req.mtime_ns;
+      if (it != open_files_.end()) it->second->set_mtime_view(*req.mtime_ns);
     }
     CKPTFS_RETURN_IF_ERROR(txn.Commit());
   }
@@ -999,95 +770,8 @@ Status FileSystem::Sync() {
     std::lock_guard lock(open_mu_);
     for (const auto& [ino, file] : open_files_) open.push_back(file);
   }
-  for (auto& file : open)
-    CKPTFS_RETURN_IF_ERROR(Enqueue(CommitRequest{file, false, nullptr}, false));
-  return Enqueue(CommitRequest{nullptr, false, nullptr}, /*wait=*/true);
-}
-
-Status FileSystem::Seal(Ino ino) {
-  {
-    CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginRead());
-    CKPTFS_ASSIGN_OR_RETURN(Inode inode, MustGet(txn, ino));
-    if (!inode.is_dir() || inode.parent != kRootIno) {
-      return Status::InvalidArgument(
-          "only a version (a directory at the top of the mount) can "
-          "be sealed");
-    }
-    if (inode.sealed()) return Status::OK();
-  }
-  std::vector<std::shared_ptr<OpenInode>> in_version;
-  {
-    std::lock_guard lock(open_mu_);
-    sealing_.insert(ino);  // files opened from now on are sealed too (OpenInodeFor)
-    for (const auto& [i, file] : open_files_) {
-      if (file->version == ino) {
-        file->sealed = true;  // further writes fail with EROFS
-        in_version.push_back(file);
-      }
-    }
-  }
-  Status s = CommitAndMarkSealed(ino, in_version);
-  std::lock_guard lock(open_mu_);
-  sealing_.erase(ino);
-  if (s.ok()) spdlog::info("sealed version inode {}", ino);
-  return s;
-}
-
-Status FileSystem::CommitAndMarkSealed(Ino ino,
-                                       const std::vector<std::shared_ptr<OpenInode>>& files) {
-  for (const auto& file : files) {
-    CKPTFS_RETURN_IF_ERROR(Enqueue(CommitRequest{file, false, nullptr}, false));
-  }
-  // The barrier reports any of those commits that failed: then the version stays unsealed.
-  CKPTFS_RETURN_IF_ERROR(Enqueue(CommitRequest{nullptr, false, nullptr}, /*wait=*/true));
-  CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginWrite());
-  CKPTFS_ASSIGN_OR_RETURN(Inode inode, MustGet(txn, ino));
-  inode.flags |= Inode::kSealed;
-  inode.ctime_ns = NowNs();
-  CKPTFS_RETURN_IF_ERROR(PutInode(txn, inode));
-  return txn.Commit();
-}
-
-void FileSystem::RunSealer() {
-  const auto tick = std::max(std::chrono::milliseconds(50), options_.seal_after / 4);
-  const auto start = std::chrono::steady_clock::now();
-  for (;;) {
-    {
-      std::unique_lock lock(queue_mu_);
-      if (queue_cv_.wait_for(lock, tick, [&] { return sealer_stopping_; })) return;
-    }
-    std::vector<Inode> versions;
-    {
-      auto txn = store_->catalog().BeginRead();
-      if (!txn.ok()) continue;
-      (void)txn->ForEach(Table::kDirents, DirentPrefix(kRootIno), "", [&](auto, auto value) {
-        if (value.size() == 12 && S_ISDIR(DecodeDirent(value).mode)) {
-          auto inode = GetInode(*txn, DecodeDirent(value).ino);
-          if (inode.ok() && *inode) versions.push_back(**inode);
-        }
-        return true;
-      });
-    }
-    uint64_t newest = 0;
-    for (const auto& v : versions) newest = std::max(newest, v.version_seq);
-    const auto now = std::chrono::steady_clock::now();
-    for (const auto& v : versions) {
-      if (v.sealed() || v.version_seq == newest) continue;
-      bool idle;
-      {
-        std::lock_guard lock(open_mu_);
-        idle = true;
-        for (const auto& [i, file] : open_files_) idle = idle && file->version != v.ino;
-        auto it = version_activity_.find(v.ino);
-        auto last = it == version_activity_.end() ? start : it->second;
-        idle = idle && now - last >= options_.seal_after;
-      }
-      if (idle) {
-        Status s = Seal(v.ino);
-        if (!s.ok()) spdlog::warn("automatic seal of inode {} failed: {}", v.ino, s.ToString());
-      }
-    }
-  }
+  for (auto& file : open) CKPTFS_RETURN_IF_ERROR(committer_->Commit(file, false, /*wait=*/false));
+  return committer_->Barrier();
 }
 
 }  // namespace ckptfs

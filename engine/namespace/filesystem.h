@@ -10,13 +10,14 @@
 //   CKPTFS_RETURN_IF_ERROR((*fs)->Release(fh));   // returns before the data is durable
 //   CKPTFS_RETURN_IF_ERROR((*fs)->Sync());        // now it is
 //
-// Write path. Writes at the end of a file stream into a ContentWriter (no staging copy);
-// any other write (seek back and patch, sparse, truncate to non-zero) moves the file to a
-// staging file on the store's disk, the documented slower path, and the staged bytes are
-// streamed into the store when the file is committed. A file is committed when its last
-// handle is released (asynchronously, in release order, by one committer thread), on
-// Fsync() (waits), and on Sync() (waits for everything). Reads of a file being written see
-// what was written.
+// Write path. The bytes of an open file live in an OpenInode (open_inode.h: streaming, the
+// staging patch path, commit); this class keeps the handle table. A file is committed when
+// its last handle is released (asynchronously, in release order, by the Committer,
+// committer.h), on Fsync() (waits), and on Sync() (waits for everything). Reads of a file
+// being written see what was written.
+//
+// Units: filesystem.cc (namespace, handles, reads, xattrs), sealing.cc (Seal, the sealer
+// thread), external_version.cc, views.cc.
 //
 // Deltas. A file written into a version is delta-encoded against the file at the same path in
 // the previous version (the top-level directory created before its own), see Store.
@@ -47,7 +48,9 @@
 #include <unordered_set>
 #include <vector>
 
+#include "engine/namespace/committer.h"
 #include "engine/namespace/inode.h"
+#include "engine/namespace/open_inode.h"
 #include "engine/store/content_reader.h"
 #include "engine/store/content_writer.h"
 #include "engine/store/store.h"
@@ -165,7 +168,6 @@ class FileSystem {
   // ---- end of views ----------------------------------------------------------------------
 
  private:
-  struct OpenInode;
   // Per-handle read state: the reader (with its prefetch window) of the committed content.
   struct ReadAhead {
     std::mutex mu;
@@ -175,11 +177,6 @@ class FileSystem {
     std::shared_ptr<OpenInode> file;
     int flags = 0;
     std::shared_ptr<ReadAhead> read_ahead = std::make_shared<ReadAhead>();
-  };
-  struct CommitRequest {
-    std::shared_ptr<OpenInode> file;  // null: a barrier
-    bool release = false;             // the last handle went: forget the open file afterwards
-    std::shared_ptr<std::promise<Status>> done;
   };
 
   FileSystem(Store* store, const FileSystemOptions& options);
@@ -198,9 +195,6 @@ class FileSystem {
   Result<uint64_t> AddHandle(std::shared_ptr<OpenInode> file, int flags);
   Result<Handle> GetHandle(uint64_t fh);
   Result<size_t> ReadOnce(const Handle& h, uint64_t offset, MutableBytes out, int attempt);
-  // Commits the file's bytes written so far. REQUIRES: file->mu held.
-  Status CommitLocked(OpenInode& file);
-  Status ToStagingLocked(OpenInode& file);
   // A writer for a new content of `ino`, with the same path in the previous version (the
   // version created before ino's) as its delta reference.
   std::unique_ptr<ContentWriter> NewFileWriter(OpenInode& f);
@@ -211,9 +205,11 @@ class FileSystem {
   std::optional<Ino> PreviousVersionFile(Ino ino);
   // The committed content of a regular file, if it has one.
   std::optional<ContentId> CommittedContent(std::optional<Ino> file);
-  Status Enqueue(CommitRequest request, bool wait);
+  // The committer's on_released: forgets the open file unless it was opened again, and drops
+  // the inode if it was unlinked meanwhile.
+  void ForgetReleased(const std::shared_ptr<OpenInode>& file);
+  // sealing.cc
   Status CommitAndMarkSealed(Ino ino, const std::vector<std::shared_ptr<OpenInode>>& files);
-  void RunCommitter();
   void RunSealer();
 
   // Restore order: reads of optimizer-state files (a name that contains "optim", as DeepSpeed's
@@ -248,7 +244,7 @@ class FileSystem {
   const FileSystemOptions options_;
   const std::filesystem::path staging_dir_;
 
-  // Lock order: OpenInode::mu, then the catalog write transaction, then open_mu_.
+  // Lock order: an OpenInode's lock, then the catalog write transaction, then open_mu_.
   std::mutex open_mu_;
   std::unordered_map<Ino, std::shared_ptr<OpenInode>> open_files_;         // GUARDED_BY(open_mu_)
   std::unordered_map<uint64_t, Handle> handles_;                           // GUARDED_BY(open_mu_)
@@ -257,12 +253,11 @@ class FileSystem {
   std::set<Ino> sealing_;     // GUARDED_BY(open_mu_): versions whose Seal() is in progress
   uint64_t next_handle_ = 1;  // GUARDED_BY(open_mu_)
 
-  std::mutex queue_mu_;
-  std::condition_variable queue_cv_;
-  std::deque<CommitRequest> queue_;  // GUARDED_BY(queue_mu_)
-  bool stopping_ = false;            // GUARDED_BY(queue_mu_)
-  bool sealer_stopping_ = false;     // GUARDED_BY(queue_mu_)
-  std::thread committer_;
+  std::unique_ptr<Committer> committer_;
+
+  std::mutex sealer_mu_;
+  std::condition_variable sealer_cv_;
+  bool sealer_stopping_ = false;  // GUARDED_BY(sealer_mu_)
   std::thread sealer_;
 };
 

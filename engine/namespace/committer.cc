@@ -1,0 +1,62 @@
+#include "engine/namespace/committer.h"
+
+namespace ckptfs {
+
+Committer::Committer(ReleasedFn on_released)
+    : on_released_(std::move(on_released)), thread_([this] { Run(); }) {}
+
+Committer::~Committer() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+Status Committer::Commit(std::shared_ptr<OpenInode> file, bool release, bool wait) {
+  return Enqueue(Request{std::move(file), release, nullptr}, wait);
+}
+
+Status Committer::Barrier() { return Enqueue(Request{nullptr, false, nullptr}, /*wait=*/true); }
+
+Status Committer::Enqueue(Request request, bool wait) {
+  std::future<Status> done;
+  if (wait) {
+    request.done = std::make_shared<std::promise<Status>>();
+    done = request.done->get_future();
+  }
+  {
+    std::lock_guard lock(mu_);
+    queue_.push_back(std::move(request));
+  }
+  cv_.notify_all();
+  return wait ? done.get() : Status::OK();
+}
+
+void Committer::Run() {
+  Status failed_since_barrier;  // reported to the next barrier (Sync, Seal, unmount)
+  for (;;) {
+    Request req;
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      req = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    Status s;
+    if (req.file) {
+      s = req.file->Commit();
+      if (req.release && on_released_) on_released_(req.file);
+    }
+    if (!s.ok() && failed_since_barrier.ok()) failed_since_barrier = s;
+    if (!req.file) {
+      s = failed_since_barrier;
+      failed_since_barrier = Status::OK();
+    }
+    if (req.done) req.done->set_value(s);
+  }
+}
+
+}  // namespace ckptfs

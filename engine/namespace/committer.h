@@ -1,0 +1,61 @@
+// engine/namespace/committer.h
+//
+// Commits open files one at a time, in the order they were queued, on one thread of its own.
+// That order is the durability order the filesystem promises (docs/fs.md): a file closed
+// after another never becomes durable before it.
+//
+//   Committer committer([](const std::shared_ptr<OpenInode>& f) { /* forget f */ });
+//   committer.Commit(file, /*release=*/true, /*wait=*/false);  // close(): returns at once
+//   CKPTFS_RETURN_IF_ERROR(committer.Commit(file, false, /*wait=*/true));  // fsync()
+//   CKPTFS_RETURN_IF_ERROR(committer.Barrier());  // sync(): everything queued before
+//
+// A commit that fails is logged by OpenInode::Commit and reported to whoever waits for it, and
+// to the next Barrier(), which returns the first failure since the previous barrier.
+// After a release commit (the file's last handle went) `on_released` runs on the committer
+// thread, so that the owner can forget the file. Thread-safe. The destructor runs what is
+// queued, then joins.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "engine/namespace/open_inode.h"
+
+namespace ckptfs {
+
+class Committer {
+ public:
+  using ReleasedFn = std::function<void(const std::shared_ptr<OpenInode>&)>;
+  explicit Committer(ReleasedFn on_released);
+  ~Committer();
+  Committer(const Committer&) = delete;
+  Committer& operator=(const Committer&) = delete;
+
+  // Queues a commit of `file`; with wait, returns its status once it ran.
+  Status Commit(std::shared_ptr<OpenInode> file, bool release, bool wait);
+  // Returns once everything queued before it ran: the first failure since the last barrier.
+  Status Barrier();
+
+ private:
+  struct Request {
+    std::shared_ptr<OpenInode> file;  // null: a barrier
+    bool release = false;             // the last handle went: on_released afterwards
+    std::shared_ptr<std::promise<Status>> done;
+  };
+  Status Enqueue(Request request, bool wait);
+  void Run();
+
+  const ReleasedFn on_released_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Request> queue_;  // GUARDED_BY(mu_)
+  bool stopping_ = false;      // GUARDED_BY(mu_)
+  std::thread thread_;
+};
+
+}  // namespace ckptfs

@@ -1,0 +1,212 @@
+#include "engine/namespace/open_inode.h"
+
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+namespace ckptfs {
+namespace {
+
+constexpr size_t kCopyBytes = 4 << 20;
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+OpenInode::OpenInode(const Inode& inode, Store* store, std::filesystem::path staging_dir,
+                     WriterFactory new_writer)
+    : ino(inode.ino),
+      version(inode.version),
+      store_(store),
+      staging_dir_(std::move(staging_dir)),
+      new_writer_(std::move(new_writer)),
+      base_(inode.content),
+      size_(inode.size),
+      size_view_(inode.size),
+      mtime_view_(inode.mtime_ns) {}
+
+void OpenInode::TouchLocked() {
+  size_view_ = size_;
+  mtime_view_ = NowNs();
+  dirty_ = true;
+}
+
+Status OpenInode::Write(uint64_t offset, Bytes data, bool append) {
+  std::lock_guard lock(mu_);  // Seal() commits under this lock: check after taking it
+  if (sealed) return Status::ReadOnly("version is sealed");
+  CKPTFS_RETURN_IF_ERROR(error_);
+  if (append) offset = size_;
+  Status s;
+  if (!staging_.valid() && offset == size_) {
+    if (!writer_) {
+      if (base_ != 0) {
+        CKPTFS_ASSIGN_OR_RETURN(writer_, store_->NewAppender(base_));
+      } else {
+        writer_ = new_writer_(*this);
+      }
+    }
+    s = writer_->Append(data);
+  } else {
+    if (!staging_.valid()) s = ToStagingLocked();
+    if (s.ok()) s = PWriteFull(staging_.get(), offset, data, staging_dir_);
+  }
+  if (!s.ok()) {
+    if (writer_ || !staging_.valid()) error_ = s;  // streamed bytes cannot be trusted now
+    return s;
+  }
+  size_ = std::max(size_, offset + data.size());
+  TouchLocked();
+  return Status::OK();
+}
+
+Result<std::optional<size_t>> OpenInode::ReadPending(uint64_t offset, MutableBytes& out,
+                                                     ContentId* committed) {
+  std::lock_guard lock(mu_);
+  CKPTFS_RETURN_IF_ERROR(error_);
+  if (offset >= size_) return std::optional<size_t>(0);
+  out = out.first(static_cast<size_t>(std::min<uint64_t>(out.size(), size_ - offset)));
+  if (staging_.valid()) {
+    ssize_t n = ::pread(staging_.get(), out.data(), out.size(), static_cast<off_t>(offset));
+    if (n < 0) return Status::FromErrno(errno, "read staging file");
+    return std::optional<size_t>(static_cast<size_t>(n));
+  }
+  if (writer_) {
+    CKPTFS_ASSIGN_OR_RETURN(size_t n, writer_->ReadBack(offset, out));
+    return std::optional<size_t>(n);
+  }
+  *committed = base_;
+  return std::optional<size_t>();
+}
+
+Status OpenInode::Truncate(uint64_t size) {
+  std::lock_guard lock(mu_);
+  CKPTFS_RETURN_IF_ERROR(error_);
+  if (size == size_) return Status::OK();  // the file keeps its bytes (and stays clean if it was)
+  if (size == 0) {
+    writer_.reset();
+    staging_ = FileDescriptor();
+    base_ = 0;
+  } else {
+    if (!staging_.valid()) CKPTFS_RETURN_IF_ERROR(ToStagingLocked());
+    if (::ftruncate(staging_.get(), static_cast<off_t>(size)) != 0) {
+      return Status::FromErrno(errno, "truncate staging file");
+    }
+  }
+  size_ = size;
+  TouchLocked();
+  return Status::OK();
+}
+
+void OpenInode::TruncateForOpen() {
+  std::lock_guard lock(mu_);
+  writer_.reset();
+  staging_ = FileDescriptor();
+  error_ = Status::OK();
+  base_ = 0;
+  size_ = 0;
+  TouchLocked();
+}
+
+Status OpenInode::error() {
+  std::lock_guard lock(mu_);
+  return error_;
+}
+
+Status OpenInode::ToStagingLocked() {
+  CKPTFS_ASSIGN_OR_RETURN(FileDescriptor fd,
+                          ckptfs::OpenFile(staging_dir_, O_TMPFILE | O_RDWR, 0600));
+  Buffer buf(kCopyBytes);
+  for (uint64_t off = 0; off < size_;) {
+    MutableBytes piece =
+        buf.mutable_bytes().first(static_cast<size_t>(std::min<uint64_t>(kCopyBytes, size_ - off)));
+    size_t n;
+    if (writer_) {
+      CKPTFS_ASSIGN_OR_RETURN(n, writer_->ReadBack(off, piece));
+    } else if (base_ != 0) {
+      CKPTFS_ASSIGN_OR_RETURN(n, store_->Read(base_, off, piece));
+    } else {
+      std::memset(piece.data(), 0, piece.size());
+      n = piece.size();
+    }
+    if (n == 0) return Status::Corruption("file is shorter than its size");
+    CKPTFS_RETURN_IF_ERROR(PWriteFull(fd.get(), off, piece.first(n), staging_dir_));
+    off += n;
+  }
+  if (::ftruncate(fd.get(), static_cast<off_t>(size_)) != 0) {
+    return Status::FromErrno(errno, "size staging file");
+  }
+  writer_.reset();  // abandons the streamed chunks: the staging file holds the bytes now
+  staging_ = std::move(fd);
+  return Status::OK();
+}
+
+Status OpenInode::Commit() {
+  std::lock_guard lock(mu_);
+  if (!dirty_) return error_;
+  CKPTFS_RETURN_IF_ERROR(error_);
+  const uint64_t size = size_;
+  auto bind = [&](Catalog::WriteTxn& txn, ContentId id) -> Status {
+    CKPTFS_ASSIGN_OR_RETURN(std::optional<Inode> inode, GetInode(txn, ino));
+    if (!inode) return id != 0 ? store_->ReleaseInTxn(txn, id) : Status::OK();
+    ContentId old = inode->content;
+    inode->content = id;
+    inode->size = size;
+    // Read inside the transaction: a utime() since the commit began (SetAttr updates the
+    // view before its own transaction commits) must not be undone.
+    inode->mtime_ns = mtime_view_.load();
+    inode->ctime_ns = NowNs();
+    CKPTFS_RETURN_IF_ERROR(PutInode(txn, *inode));
+    if (old != 0 && old != id) CKPTFS_RETURN_IF_ERROR(store_->ReleaseInTxn(txn, old));
+    return Status::OK();
+  };
+  Result<ContentId> id = ContentId{0};
+  if (writer_) {
+    id = writer_->Finish(bind);
+    writer_.reset();
+  } else if (staging_.valid()) {
+    auto writer = new_writer_(*this);
+    Buffer buf(kCopyBytes);
+    for (uint64_t off = 0; off < size && id.ok();) {
+      size_t n = static_cast<size_t>(std::min<uint64_t>(kCopyBytes, size - off));
+      Status s = PReadFull(staging_.get(), off, buf.mutable_bytes().first(n), staging_dir_);
+      if (s.ok()) s = writer->Append(buf.bytes().first(n));
+      if (!s.ok()) id = s;
+      off += n;
+    }
+    if (id.ok()) id = writer->Finish(bind);
+    if (id.ok()) staging_ = FileDescriptor();
+  } else if (size == 0) {
+    // Truncated to nothing: no content.
+    CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginWrite());
+    Status s = bind(txn, 0);
+    if (s.ok()) s = txn.Commit();
+    if (!s.ok()) id = s;
+  } else {
+    // Dirty without new bytes (only times changed): the content stays.
+    CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginWrite());
+    Status s = bind(txn, base_);
+    if (s.ok()) s = txn.Commit();
+    if (!s.ok()) id = s;
+    if (s.ok()) id = base_;
+  }
+  if (!id.ok()) {
+    spdlog::error("committing inode {} failed: {}; it keeps its previous contents", ino,
+                  id.status().ToString());
+    if (!staging_.valid()) error_ = id.status();
+    return id.status();
+  }
+  base_ = *id;
+  dirty_ = false;
+  return Status::OK();
+}
+
+}  // namespace ckptfs

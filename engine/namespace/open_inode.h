@@ -1,0 +1,107 @@
+// engine/namespace/open_inode.h
+//
+// The bytes of one regular file while it is open, or closed but not yet committed: writes,
+// reads of what was written, truncation, and the commit that points the inode at its new
+// content. FileSystem keeps one OpenInode per open inode (its handle table, filesystem.cc);
+// the Committer (committer.h) calls Commit() in release order. No FUSE here: open_inode_test.cc
+// drives it over a Store directly.
+//
+//   auto f = std::make_shared<OpenInode>(inode, store, staging_dir, new_writer);
+//   CKPTFS_RETURN_IF_ERROR(f->Write(0, bytes, /*append=*/false));
+//   CKPTFS_RETURN_IF_ERROR(f->Commit());   // durable, and the inode names the new content
+//
+// Streaming: writes at the end of the file go into a ContentWriter (made by the caller's
+// WriterFactory, which picks the delta reference; an appender continues the committed
+// content). Patch path (the documented slower path): the first write anywhere else, or a
+// truncate to a non-zero size, copies the bytes so far into an unnamed staging file
+// (O_TMPFILE in the staging directory) and continues there; Commit() streams it into the store.
+//
+// Errors: a failed write of streamed bytes is sticky (later writes, reads, Flush and Commit
+// report it; the inode keeps its previous content). A failed commit of a staged file leaves
+// the staging file, so a later commit may retry.
+//
+// Lock order: OpenInode::mu, then a catalog write transaction. Thread-safe; `version`,
+// `handles` and the reference_* fields belong to FileSystem (see there).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+
+#include "engine/namespace/inode.h"
+#include "engine/store/content_writer.h"
+#include "engine/store/store.h"
+#include "engine/util/file.h"
+
+namespace ckptfs {
+
+class OpenInode {
+ public:
+  // A writer for a new content of this file (the caller chooses its delta reference).
+  using WriterFactory = std::function<std::unique_ptr<ContentWriter>(OpenInode&)>;
+
+  OpenInode(const Inode& inode, Store* store, std::filesystem::path staging_dir,
+            WriterFactory new_writer);
+  OpenInode(const OpenInode&) = delete;
+  OpenInode& operator=(const OpenInode&) = delete;
+
+  // Writes data at offset (at the end when append). ReadOnly once `sealed` is set.
+  Status Write(uint64_t offset, Bytes data, bool append);
+  // Reads what was written and is not committed yet. When the file holds no bytes of its own
+  // (clean: nothing written since the last commit), returns nullopt and sets *committed to the
+  // content to read instead (0: the file is empty or all zeros up to size). `out` is clamped
+  // to the file's size either way.
+  Result<std::optional<size_t>> ReadPending(uint64_t offset, MutableBytes& out,
+                                            ContentId* committed);
+  // Changes the size (truncate or extend with zeros).
+  Status Truncate(uint64_t size);
+  // O_TRUNC: empty, and a previous write error forgotten.
+  void TruncateForOpen();
+  // The error a write (or commit) hit, if any; does not wait for anything.
+  Status error();
+  // Makes the bytes written so far durable and points the inode at them (one catalog
+  // transaction that also releases the content it held). No-op when clean. A missing inode
+  // (dropped meanwhile) releases the new content instead.
+  Status Commit();
+
+  // Size and mtime including uncommitted writes, for GetAttr (no lock).
+  uint64_t size_view() const { return size_view_.load(); }
+  int64_t mtime_view() const { return mtime_view_.load(); }
+  // utime() of an open file: the commit binds this mtime.
+  void set_mtime_view(int64_t ns) { mtime_view_ = ns; }
+
+  const Ino ino;
+  // ---- FileSystem's bookkeeping (filesystem.cc) -------------------------------------------
+  Ino version;                      // GUARDED_BY(FileSystem::open_mu_)
+  int handles = 0;                  // GUARDED_BY(FileSystem::open_mu_)
+  std::atomic<bool> sealed{false};  // set by Seal(): writes fail with ReadOnly from then on
+  // The same file of the previous version (its delta reference), looked up once by
+  // FileSystem::ReferenceFile(); the first Write lets it commit first if it is still queued.
+  std::once_flag reference_once;
+  std::optional<Ino> reference_file;  // written once under reference_once
+  std::atomic<bool> reference_settled{false};
+
+ private:
+  Status ToStagingLocked();  // REQUIRES: mu_ held
+  void TouchLocked();        // REQUIRES: mu_ held; size_ set: publishes size and mtime
+
+  Store* const store_;
+  const std::filesystem::path staging_dir_;
+  const WriterFactory new_writer_;
+
+  std::mutex mu_;
+  ContentId base_;      // GUARDED_BY(mu_): committed content the bytes start from
+  uint64_t size_;       // GUARDED_BY(mu_)
+  bool dirty_ = false;  // GUARDED_BY(mu_): differs from the committed inode
+  std::unique_ptr<ContentWriter> writer_;  // GUARDED_BY(mu_): streaming mode
+  FileDescriptor staging_;                 // GUARDED_BY(mu_): staging mode
+  Status error_;  // GUARDED_BY(mu_): a write or commit failed; bytes are lost
+  std::atomic<uint64_t> size_view_;
+  std::atomic<int64_t> mtime_view_;
+};
+
+}  // namespace ckptfs

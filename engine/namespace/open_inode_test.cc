@@ -1,0 +1,207 @@
+// OpenInode without FUSE: streaming writes, the staging patch path, reads of uncommitted
+// bytes, truncation, sealing and the commit that binds the inode.
+#include "engine/namespace/open_inode.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <random>
+
+namespace ckptfs {
+namespace {
+
+Buffer RandomBuffer(size_t n, uint32_t seed) {
+  std::mt19937_64 rng(seed);
+  Buffer b(n);
+  for (size_t i = 0; i < n; i += 8) {
+    uint64_t v = rng();
+    std::memcpy(b.data() + i, &v, std::min<size_t>(8, n - i));
+  }
+  return b;
+}
+
+class OpenInodeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("ckptfs_open_inode_test_" + std::to_string(::getpid()));
+    std::filesystem::remove_all(dir_);
+    auto s = Store::Open(dir_ / "store", StoreOptions{});
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    store_ = std::move(*s);
+    std::filesystem::create_directories(dir_ / "staging");
+  }
+  void TearDown() override {
+    store_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+  // A regular file inode in the catalog.
+  Inode MakeInode(Ino ino, ContentId content = 0, uint64_t size = 0) {
+    Inode n;
+    n.ino = ino;
+    n.mode = S_IFREG | 0644;
+    n.nlink = 1;
+    n.content = content;
+    n.size = size;
+    auto txn = store_->catalog().BeginWrite();
+    EXPECT_TRUE(txn.ok());
+    EXPECT_TRUE(PutInode(*txn, n).ok());
+    EXPECT_TRUE(txn->Commit().ok());
+    return n;
+  }
+  std::shared_ptr<OpenInode> Open(const Inode& inode) {
+    return std::make_shared<OpenInode>(inode, store_.get(), dir_ / "staging",
+                                       [this](OpenInode&) { return store_->NewWriter(); });
+  }
+  Inode Committed(Ino ino) {
+    auto txn = store_->catalog().BeginRead();
+    EXPECT_TRUE(txn.ok());
+    auto inode = GetInode(*txn, ino);
+    EXPECT_TRUE(inode.ok() && *inode);
+    return **inode;
+  }
+  std::string ReadContent(ContentId id, uint64_t size) {
+    std::string out(size, '\0');
+    auto n = store_->Read(id, 0, {reinterpret_cast<std::byte*>(out.data()), out.size()});
+    EXPECT_TRUE(n.ok()) << n.status().ToString();
+    EXPECT_EQ(*n, size);
+    return out;
+  }
+  // What ReadPending returns (or the committed content when the file is clean).
+  std::string ReadVisible(OpenInode& f, uint64_t offset, size_t n) {
+    std::string out(n, '\0');
+    MutableBytes span{reinterpret_cast<std::byte*>(out.data()), out.size()};
+    ContentId content = 0;
+    auto got = f.ReadPending(offset, span, &content);
+    EXPECT_TRUE(got.ok()) << got.status().ToString();
+    if (*got) {
+      out.resize(**got);
+      return out;
+    }
+    out.resize(span.size());
+    if (content != 0) {
+      auto r = store_->Read(content, offset, span);
+      EXPECT_TRUE(r.ok());
+    }
+    return out;
+  }
+  static std::string Str(const Buffer& b) { return std::string(AsChars(b.bytes())); }
+
+  std::filesystem::path dir_;
+  std::unique_ptr<Store> store_;
+};
+
+TEST_F(OpenInodeTest, StreamedBytesReadBackBeforeAndAfterCommit) {
+  auto f = Open(MakeInode(2));
+  Buffer data = RandomBuffer(5 << 20, 1);
+  for (size_t off = 0; off < data.size(); off += 1 << 20) {
+    ASSERT_TRUE(f->Write(off, data.bytes().subspan(off, 1 << 20), false).ok());
+  }
+  EXPECT_EQ(f->size_view(), data.size());
+  EXPECT_EQ(ReadVisible(*f, 3 << 20, 100), Str(data).substr(3 << 20, 100));
+  EXPECT_EQ(Committed(2).content, 0u);  // nothing durable before the commit
+  ASSERT_TRUE(f->Commit().ok());
+  Inode after = Committed(2);
+  EXPECT_NE(after.content, 0u);
+  EXPECT_EQ(after.size, data.size());
+  EXPECT_EQ(ReadContent(after.content, after.size), Str(data));
+  EXPECT_EQ(ReadVisible(*f, 0, 64), Str(data).substr(0, 64));  // clean: from the store
+}
+
+TEST_F(OpenInodeTest, PatchingEarlierBytesGoesThroughStaging) {
+  auto f = Open(MakeInode(2));
+  Buffer data = RandomBuffer(3 << 20, 2);
+  ASSERT_TRUE(f->Write(0, data.bytes(), false).ok());
+  std::string expect = Str(data);
+  ASSERT_TRUE(f->Write(10, AsBytes("patched"), false).ok());
+  expect.replace(10, 7, "patched");
+  EXPECT_EQ(ReadVisible(*f, 0, 32), expect.substr(0, 32));
+  ASSERT_TRUE(f->Write(expect.size(), AsBytes("tail"), /*append=*/true).ok());
+  expect += "tail";
+  ASSERT_TRUE(f->Commit().ok());
+  Inode after = Committed(2);
+  EXPECT_EQ(ReadContent(after.content, after.size), expect);
+}
+
+TEST_F(OpenInodeTest, AppendsContinueTheCommittedContent) {
+  auto f = Open(MakeInode(2));
+  ASSERT_TRUE(f->Write(0, AsBytes("first "), false).ok());
+  ASSERT_TRUE(f->Commit().ok());
+  const ContentId first = Committed(2).content;
+  ASSERT_TRUE(f->Write(6, AsBytes("second"), false).ok());
+  ASSERT_TRUE(f->Commit().ok());
+  Inode after = Committed(2);
+  EXPECT_NE(after.content, first);
+  EXPECT_EQ(ReadContent(after.content, after.size), "first second");
+  EXPECT_FALSE(store_->StatContent(first).ok());  // the old content was released
+}
+
+TEST_F(OpenInodeTest, TruncateShrinksExtendsAndEmpties) {
+  auto f = Open(MakeInode(2));
+  ASSERT_TRUE(f->Write(0, AsBytes("0123456789"), false).ok());
+  ASSERT_TRUE(f->Truncate(4).ok());
+  ASSERT_TRUE(f->Truncate(6).ok());
+  ASSERT_TRUE(f->Commit().ok());
+  Inode after = Committed(2);
+  EXPECT_EQ(ReadContent(after.content, after.size), std::string("0123\0\0", 6));
+  ASSERT_TRUE(f->Truncate(0).ok());
+  ASSERT_TRUE(f->Commit().ok());
+  EXPECT_EQ(Committed(2).content, 0u);
+  EXPECT_EQ(Committed(2).size, 0u);
+}
+
+TEST_F(OpenInodeTest, SealedFileRefusesWrites) {
+  auto f = Open(MakeInode(2));
+  ASSERT_TRUE(f->Write(0, AsBytes("kept"), false).ok());
+  f->sealed = true;
+  EXPECT_EQ(f->Write(4, AsBytes("lost"), false).code(), Status::Code::kReadOnly);
+  ASSERT_TRUE(f->Commit().ok());
+  EXPECT_EQ(ReadContent(Committed(2).content, 4), "kept");
+}
+
+TEST_F(OpenInodeTest, FailedWriteIsStickyAndTheInodeKeepsItsContent) {
+  // No staging directory: the patch path fails after bytes were streamed.
+  auto f = std::make_shared<OpenInode>(MakeInode(2), store_.get(), dir_ / "missing",
+                                       [this](OpenInode&) { return store_->NewWriter(); });
+  ASSERT_TRUE(f->Write(0, AsBytes("streamed"), false).ok());
+  EXPECT_FALSE(f->Write(0, AsBytes("patch"), false).ok());
+  EXPECT_FALSE(f->error().ok());
+  EXPECT_FALSE(f->Write(8, AsBytes("more"), false).ok());
+  std::string buf(4, '\0');
+  MutableBytes span{reinterpret_cast<std::byte*>(buf.data()), buf.size()};
+  ContentId content;
+  EXPECT_FALSE(f->ReadPending(0, span, &content).ok());
+  EXPECT_FALSE(f->Commit().ok());
+  EXPECT_EQ(Committed(2).content, 0u);
+  f->TruncateForOpen();  // O_TRUNC starts over
+  EXPECT_TRUE(f->error().ok());
+  ASSERT_TRUE(f->Write(0, AsBytes("new"), false).ok());
+  ASSERT_TRUE(f->Commit().ok());
+  EXPECT_EQ(ReadContent(Committed(2).content, 3), "new");
+}
+
+TEST_F(OpenInodeTest, AppenderOfAMissingContentFailsTheWrite) {
+  auto f = Open(MakeInode(2, /*content=*/12345, /*size=*/3));
+  EXPECT_FALSE(f->Write(3, AsBytes("more"), false).ok());
+  EXPECT_TRUE(f->Commit().ok());  // nothing was accepted: nothing to commit
+  EXPECT_EQ(Committed(2).content, 12345u);
+}
+
+TEST_F(OpenInodeTest, CommitOfADroppedInodeReleasesItsContent) {
+  auto f = Open(MakeInode(2));
+  ASSERT_TRUE(f->Write(0, AsBytes("orphan"), false).ok());
+  {
+    auto txn = store_->catalog().BeginWrite();
+    ASSERT_TRUE(txn.ok());
+    ASSERT_TRUE(txn->Delete(Table::kInodes, InodeKey(2)).ok());
+    ASSERT_TRUE(txn->Commit().ok());
+  }
+  ASSERT_TRUE(f->Commit().ok());
+  auto st = store_->Stats();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->contents, 0u);
+}
+
+}  // namespace
+}  // namespace ckptfs

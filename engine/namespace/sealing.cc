@@ -1,0 +1,107 @@
+// Sealing (docs/fs.md, "Sealing"): Seal() and the sealer thread that seals idle versions.
+// Part of FileSystem (filesystem.h); the open files of a version are committed through the
+// Committer before the version is marked sealed.
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+
+#include "engine/namespace/filesystem.h"
+
+namespace ckptfs {
+namespace {
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+Status FileSystem::Seal(Ino ino) {
+  {
+    CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginRead());
+    CKPTFS_ASSIGN_OR_RETURN(Inode inode, MustGet(txn, ino));
+    if (!inode.is_dir() || inode.parent != kRootIno) {
+      return Status::InvalidArgument(
+          "only a version (a directory at the top of the mount) can "
+          "be sealed");
+    }
+    if (inode.sealed()) return Status::OK();
+  }
+  std::vector<std::shared_ptr<OpenInode>> in_version;
+  {
+    std::lock_guard lock(open_mu_);
+    sealing_.insert(ino);  // files opened from now on are sealed too (OpenInodeFor)
+    for (const auto& [i, file] : open_files_) {
+      if (file->version == ino) {
+        file->sealed = true;  // further writes fail with EROFS
+        in_version.push_back(file);
+      }
+    }
+  }
+  Status s = CommitAndMarkSealed(ino, in_version);
+  std::lock_guard lock(open_mu_);
+  sealing_.erase(ino);
+  if (s.ok()) spdlog::info("sealed version inode {}", ino);
+  return s;
+}
+
+Status FileSystem::CommitAndMarkSealed(Ino ino,
+                                       const std::vector<std::shared_ptr<OpenInode>>& files) {
+  for (const auto& file : files) {
+    CKPTFS_RETURN_IF_ERROR(committer_->Commit(file, /*release=*/false, /*wait=*/false));
+  }
+  // The barrier reports any of those commits that failed: then the version stays unsealed.
+  CKPTFS_RETURN_IF_ERROR(committer_->Barrier());
+  CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginWrite());
+  CKPTFS_ASSIGN_OR_RETURN(Inode inode, MustGet(txn, ino));
+  inode.flags |= Inode::kSealed;
+  inode.ctime_ns = NowNs();
+  CKPTFS_RETURN_IF_ERROR(PutInode(txn, inode));
+  return txn.Commit();
+}
+
+void FileSystem::RunSealer() {
+  const auto tick = std::max(std::chrono::milliseconds(50), options_.seal_after / 4);
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    {
+      std::unique_lock lock(sealer_mu_);
+      if (sealer_cv_.wait_for(lock, tick, [&] { return sealer_stopping_; })) return;
+    }
+    std::vector<Inode> versions;
+    {
+      auto txn = store_->catalog().BeginRead();
+      if (!txn.ok()) continue;
+      (void)txn->ForEach(Table::kDirents, DirentPrefix(kRootIno), "", [&](auto, auto value) {
+        if (value.size() == 12 && S_ISDIR(DecodeDirent(value).mode)) {
+          auto inode = GetInode(*txn, DecodeDirent(value).ino);
+          if (inode.ok() && *inode) versions.push_back(**inode);
+        }
+        return true;
+      });
+    }
+    uint64_t newest = 0;
+    for (const auto& v : versions) newest = std::max(newest, v.version_seq);
+    const auto now = std::chrono::steady_clock::now();
+    for (const auto& v : versions) {
+      if (v.sealed() || v.version_seq == newest) continue;
+      bool idle;
+      {
+        std::lock_guard lock(open_mu_);
+        idle = true;
+        for (const auto& [i, file] : open_files_) idle = idle && file->version != v.ino;
+        auto it = version_activity_.find(v.ino);
+        auto last = it == version_activity_.end() ? start : it->second;
+        idle = idle && now - last >= options_.seal_after;
+      }
+      if (idle) {
+        Status s = Seal(v.ino);
+        if (!s.ok()) spdlog::warn("automatic seal of inode {} failed: {}", v.ino, s.ToString());
+      }
+    }
+  }
+}
+
+}  // namespace ckptfs
