@@ -154,7 +154,7 @@ Status Store::RematerializeOrphanedDeltas(GcReport* report) {
       const auto& [id, row] = todo[i];
       Result<Buffer> raw = [&]() -> Result<Buffer> {
         std::shared_lock gc(gc_mu_);
-        return DecodeRecord(id, row, nullptr);
+        return reader_->Decode(id, row);
       }();
       if (!raw.ok()) {
         report->skipped.push_back("chunk " + id.ShortHex() + ": " + raw.status().message());
@@ -217,10 +217,9 @@ Status Store::RewritePack(uint32_t pack_id, const std::vector<std::pair<ChunkId,
   // which then stays as it is for `ckptfs verify` to report.
   std::vector<std::pair<ChunkId, PackLocation>> moved;
   for (const auto& [id, row] : live) {
-    CKPTFS_ASSIGN_OR_RETURN(Buffer record, ReadRecord(id, row));
-    CKPTFS_ASSIGN_OR_RETURN(RecordHeader header, RecordHeader::Decode(record.bytes()));
-    Buffer payload(record.bytes().subspan(kRecordHeaderBytes));
-    CKPTFS_ASSIGN_OR_RETURN(PackLocation loc, packs_->Append(header, std::move(payload)));
+    CKPTFS_ASSIGN_OR_RETURN(CheckedRecord record, reader_->ReadRecord(id, row));
+    CKPTFS_ASSIGN_OR_RETURN(PackLocation loc,
+                            packs_->Append(record.header, std::move(record.payload)));
     moved.emplace_back(id, loc);
     if (options.after_record_copied) options.after_record_copied();
   }

@@ -26,13 +26,6 @@ uint64_t NowUnixNs() {
                                    .count());
 }
 
-std::string Where(uint32_t pack_id, uint64_t offset) {
-  return "pack " + PackFileName(pack_id) + " offset " + std::to_string(offset);
-}
-
-// Chains longer than any configuration allows are corruption (or a cycle).
-constexpr int kMaxDecodeDepth = 255;
-
 std::string ContentMetaKey(ContentId id) {
   std::string key(8, '\0');
   PutBE64(key.data(), id);
@@ -136,6 +129,8 @@ Result<std::unique_ptr<Store>> Store::Open(const std::filesystem::path& dir,
 
   CKPTFS_ASSIGN_OR_RETURN(store->options_.chunking, LoadConfig(dir, options, !exists));
   CKPTFS_ASSIGN_OR_RETURN(store->catalog_, Catalog::Open(dir / "catalog"));
+  store->reader_ =
+      std::make_unique<ChunkReader>(dir / "packs", store->catalog_.get(), &store->cache_);
   CKPTFS_RETURN_IF_ERROR(store->Recover());
   int threads = options.worker_threads > 0
                     ? options.worker_threads
@@ -494,117 +489,6 @@ void Store::Prefetch(ContentId id, uint64_t offset, uint64_t length,
   }
 }
 
-Result<std::shared_ptr<FileDescriptor>> Store::PackFd(uint32_t pack_id) const {
-  std::lock_guard lock(fd_mu_);
-  auto it = read_fds_.find(pack_id);
-  if (it != read_fds_.end()) return it->second;
-  CKPTFS_ASSIGN_OR_RETURN(FileDescriptor fd, OpenFile(PackPath(pack_id), O_RDONLY));
-  auto shared = std::make_shared<FileDescriptor>(std::move(fd));
-  read_fds_[pack_id] = shared;
-  return shared;
-}
-
-Result<Buffer> Store::ReadRecord(const ChunkId& id, const ChunkRow& row) const {
-  const std::string where = Where(row.pack_id, row.offset);
-  if (row.length < kRecordHeaderBytes) {
-    return Status::Corruption(where + ": catalog row has an impossible record length");
-  }
-  CKPTFS_ASSIGN_OR_RETURN(auto fd, PackFd(row.pack_id));
-  Buffer record(row.length);
-  Status s = PReadFull(fd->get(), row.offset, record.mutable_bytes(), PackPath(row.pack_id));
-  if (!s.ok()) return s.IsCorruption() ? Status::Corruption(where + ": " + s.message()) : s;
-  pack_read_bytes_.fetch_add(row.length, std::memory_order_relaxed);
-  pack_reads_.fetch_add(1, std::memory_order_relaxed);
-  auto header = RecordHeader::Decode(record.bytes());
-  if (!header.ok()) return Status::Corruption(where + ": " + header.status().message());
-  Bytes payload = record.bytes().subspan(kRecordHeaderBytes);
-  if (header->id != id || header->raw_len != row.raw_len || header->stored_len != payload.size() ||
-      header->codec != row.codec) {
-    return Status::Corruption(where + ": record does not match the catalog (chunk " +
-                              id.ShortHex() + ")");
-  }
-  if (Checksum64(payload) != header->payload_checksum || header->payload_checksum != row.checksum) {
-    return Status::Corruption(where + ": checksum mismatch in chunk " + id.ShortHex());
-  }
-  return record;
-}
-
-Result<std::shared_ptr<const Buffer>> Store::LoadChunk(const ChunkId& id, const ChunkRow& row,
-                                                       const DecodeChain* chain) const {
-  if (auto hit = cache_.Lookup(id)) return hit;
-  std::promise<LoadResult> promise;
-  std::shared_future<LoadResult> pending;
-  {
-    std::lock_guard lock(loading_mu_);
-    auto it = loading_.find(id);
-    if (it != loading_.end()) {
-      pending = it->second;
-    } else {
-      loading_.emplace(id, promise.get_future().share());
-    }
-  }
-  if (pending.valid()) {
-    LoadResult joined = pending.get();
-    // The other load may have used a location gc has moved since: try ours before failing.
-    if (joined.ok()) return joined;
-    return DecodeChunk(id, row, chain);
-  }
-  LoadResult result = DecodeChunk(id, row, chain);  // inserts into the cache on success
-  promise.set_value(result);
-  std::lock_guard lock(loading_mu_);
-  loading_.erase(id);
-  return result;
-}
-
-Result<std::shared_ptr<const Buffer>> Store::DecodeChunk(const ChunkId& id, const ChunkRow& row,
-                                                         const DecodeChain* chain) const {
-  CKPTFS_ASSIGN_OR_RETURN(Buffer raw, DecodeRecord(id, row, chain));
-  auto chunk = std::make_shared<const Buffer>(std::move(raw));
-  cache_.Insert(id, chunk);
-  return chunk;
-}
-
-Result<Buffer> Store::DecodeRecord(const ChunkId& id, const ChunkRow& row,
-                                   const DecodeChain* chain) const {
-  const std::string where = Where(row.pack_id, row.offset);
-  CKPTFS_ASSIGN_OR_RETURN(Buffer record, ReadRecord(id, row));
-  CKPTFS_ASSIGN_OR_RETURN(RecordHeader header, RecordHeader::Decode(record.bytes()));
-  if (header.transform() != row.transform ||
-      (row.transform != Transform::kPlain && header.width() != row.width)) {
-    return Status::Corruption(where + ": record encoding does not match the catalog");
-  }
-  Bytes payload = record.bytes().subspan(kRecordHeaderBytes);
-  const PieceEncoding encoding{header.transform(), header.width(), header.codec};
-  Buffer raw(row.raw_len);
-  std::shared_ptr<const Buffer> base;
-  auto body = SplitRecordPayload(header, payload);
-  if (!body.ok()) return Status::Corruption(where + ": " + body.status().message());
-  payload = body->encoded;
-  if (body->base) {
-    const ChunkId& base_id = *body->base;
-    const int depth = chain ? chain->depth + 1 : 1;
-    bool cycle = base_id == id;
-    for (const DecodeChain* c = chain; c != nullptr && !cycle; c = c->outer) {
-      cycle = *c->id == base_id;
-    }
-    if (base_id != row.base || cycle || depth >= kMaxDecodeDepth) {
-      return Status::Corruption(where + ": the delta base of chunk " + id.ShortHex() +
-                                " is inconsistent (wrong id, cycle or chain too long)");
-    }
-    CKPTFS_ASSIGN_OR_RETURN(auto txn, catalog_->BeginRead());
-    CKPTFS_ASSIGN_OR_RETURN(std::optional<ChunkRow> base_row, txn.GetChunk(base_id));
-    if (!base_row) {
-      return Status::Corruption(where + ": the delta base " + base_id.ShortHex() + " of chunk " +
-                                id.ShortHex() + " is missing; run `ckptfs verify`");
-    }
-    const DecodeChain link{&id, chain, depth};
-    CKPTFS_ASSIGN_OR_RETURN(base, LoadChunk(base_id, *base_row, &link));
-  }
-  Status s = DecodePiece(encoding, payload, base ? base->bytes() : Bytes{}, raw.mutable_bytes());
-  if (!s.ok()) return Status::Corruption(where + ": " + s.message());
-  return raw;
-}
-
 Status Store::ReleaseInTxn(Catalog::WriteTxn& txn, ContentId id) {
   CKPTFS_ASSIGN_OR_RETURN(std::optional<ContentRow> content, txn.GetContent(id));
   if (!content) return Status::NotFound("content " + std::to_string(id) + " does not exist");
@@ -695,10 +579,7 @@ Result<StoreStats> Store::Stats() const {
 }
 
 Status Store::DeletePackFile(uint32_t pack_id) {
-  {
-    std::lock_guard lock(fd_mu_);
-    read_fds_.erase(pack_id);
-  }
+  reader_->ForgetPack(pack_id);
   if (::unlink(PackPath(pack_id).c_str()) != 0 && errno != ENOENT) {
     return Status::FromErrno(errno, "remove " + PackPath(pack_id).string());
   }

@@ -45,6 +45,7 @@
 #include "engine/format/layout.h"
 #include "engine/store/catalog.h"
 #include "engine/store/chunk_cache.h"
+#include "engine/store/chunk_reader.h"
 #include "engine/store/pack_writer.h"
 #include "engine/util/file.h"
 #include "engine/util/status.h"
@@ -197,8 +198,8 @@ class Store {
   // The most raw bytes queued in the write pipeline at once since Open.
   size_t inflight_peak_bytes() const { return inflight_.peak(); }
   // Bytes (and records) read from pack files since Open: what readers cost the disk.
-  uint64_t pack_read_bytes() const { return pack_read_bytes_.load(std::memory_order_relaxed); }
-  uint64_t pack_reads() const { return pack_reads_.load(std::memory_order_relaxed); }
+  uint64_t pack_read_bytes() const { return reader_->read_bytes(); }
+  uint64_t pack_reads() const { return reader_->reads(); }
 
  private:
   friend class ContentWriter;
@@ -213,14 +214,6 @@ class Store {
     std::optional<std::pair<ChunkId, ChunkRow>> base;
     bool cache = false;  // keep the raw bytes in the cache (the next version's delta base)
   };
-  // The chunks being rebuilt by one read, innermost last: a base that is already on it is a
-  // cycle (a corrupted catalog), which must fail rather than wait for itself.
-  struct DecodeChain {
-    const ChunkId* id;
-    const DecodeChain* outer;
-    int depth;
-  };
-
   Store(std::filesystem::path dir, const StoreOptions& options);
   Status Recover();
   // Stores `raw` (unless present) and pins its row until Unpin; returns the row to reference.
@@ -238,18 +231,11 @@ class Store {
                                   const std::vector<std::pair<ChunkRef, ChunkRow>>& refs,
                                   uint64_t size, const std::string& layout,
                                   const std::function<Status(Catalog::WriteTxn&, ContentId)>& hook);
-  // The decoded chunk, from the cache or the pack (once, however many ask at the same time).
+  // The decoded chunk, from the cache or the pack (chunk_reader.h).
   // REQUIRES: gc_mu_ held shared, or the row pinned.
-  Result<std::shared_ptr<const Buffer>> LoadChunk(const ChunkId& id, const ChunkRow& row,
-                                                  const DecodeChain* chain = nullptr) const;
-  Result<std::shared_ptr<const Buffer>> DecodeChunk(const ChunkId& id, const ChunkRow& row,
-                                                    const DecodeChain* chain) const;
-  // The raw bytes of a record (bases from the cache or their packs), not cached.
-  Result<Buffer> DecodeRecord(const ChunkId& id, const ChunkRow& row,
-                              const DecodeChain* chain) const;
-  // Reads a record, checks header and payload checksums against `row`; returns header+payload.
-  Result<Buffer> ReadRecord(const ChunkId& id, const ChunkRow& row) const;
-  Result<std::shared_ptr<FileDescriptor>> PackFd(uint32_t pack_id) const;
+  Result<std::shared_ptr<const Buffer>> LoadChunk(const ChunkId& id, const ChunkRow& row) const {
+    return reader_->Load(id, row);
+  }
   std::filesystem::path PackPath(uint32_t pack_id) const;
   Status RewritePack(uint32_t pack_id, const std::vector<std::pair<ChunkId, ChunkRow>>& live,
                      const GcOptions& options, GcReport* report);
@@ -270,24 +256,15 @@ class Store {
   std::unique_ptr<Catalog> catalog_;
   std::unique_ptr<PackWriter> packs_;
   mutable ChunkCache cache_;
+  std::unique_ptr<ChunkReader> reader_;  // the read side: record reads, decoding, pack fds
   ByteBudget inflight_;
   std::unique_ptr<WorkerPool> pool_;
 
-  // Lock order: gc_run_mu_, then gc_mu_, then mu_, then fd_mu_.
+  // Lock order: gc_run_mu_, then gc_mu_, then mu_ (then the reader's own locks).
   std::mutex gc_run_mu_;             // one Gc() at a time
   mutable std::shared_mutex gc_mu_;  // shared: location lookups + reads; exclusive: gc moves
   std::mutex mu_;
   std::unordered_map<ChunkId, Pinned> pinned_;  // GUARDED_BY(mu_)
-  // Chunks being decoded: a second reader (or the prefetcher) waits for the first.
-  using LoadResult = Result<std::shared_ptr<const Buffer>>;
-  mutable std::mutex loading_mu_;
-  mutable std::unordered_map<ChunkId, std::shared_future<LoadResult>>
-      loading_;                                       // GUARDED_BY(loading_mu_)
-  mutable std::atomic<uint64_t> pack_read_bytes_{0};  // counted by ReadRecord
-  mutable std::atomic<uint64_t> pack_reads_{0};
-  mutable std::mutex fd_mu_;
-  mutable std::unordered_map<uint32_t, std::shared_ptr<FileDescriptor>>
-      read_fds_;  // GUARDED_BY(fd_mu_)
 };
 
 }  // namespace ckptfs

@@ -101,7 +101,7 @@ Result<VerifyReport> Store::Verify() const {
       report.problems.push_back(where + ": chunk " + id.ShortHex() + " is no delta but has depth " +
                                 std::to_string(row.depth));
     }
-    auto raw = DecodeRecord(id, row, nullptr);
+    auto raw = reader_->Decode(id, row);
     if (!raw.ok()) {
       report.problems.push_back(raw.status().message());
     } else if (ChunkId::Of(raw->bytes()) != id) {

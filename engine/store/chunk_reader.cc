@@ -1,0 +1,183 @@
+#include "engine/store/chunk_reader.h"
+
+#include <fcntl.h>
+#include <sys/uio.h>
+
+#include <cerrno>
+
+#include "engine/codec/piece_codec.h"
+
+namespace ckptfs {
+namespace {
+
+std::string Where(uint32_t pack_id, uint64_t offset) {
+  return "pack " + PackFileName(pack_id) + " offset " + std::to_string(offset);
+}
+
+// Chains longer than any configuration allows are corruption (or a cycle).
+constexpr int kMaxDecodeDepth = 255;
+
+// Reads exactly header.size() + payload.size() bytes at offset into the two spans (one
+// preadv, repeated only for short reads). End of file is Corruption.
+Status PReadTwo(int fd, uint64_t offset, MutableBytes header, MutableBytes payload,
+                const std::filesystem::path& path) {
+  size_t done = 0;
+  const size_t total = header.size() + payload.size();
+  while (done < total) {
+    iovec iov[2];
+    int n_iov = 0;
+    if (done < header.size()) {
+      iov[n_iov++] = {header.data() + done, header.size() - done};
+      iov[n_iov++] = {payload.data(), payload.size()};
+    } else {
+      const size_t in_payload = done - header.size();
+      iov[n_iov++] = {payload.data() + in_payload, payload.size() - in_payload};
+    }
+    ssize_t n = ::preadv(fd, iov, n_iov, static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Status::FromErrno(errno, "read " + path.string());
+    }
+    if (n == 0) {
+      return Status::Corruption("read " + path.string() + ": unexpected end of file at " +
+                                std::to_string(offset + done));
+    }
+    done += static_cast<size_t>(n);
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+std::filesystem::path ChunkReader::PackPath(uint32_t pack_id) const {
+  return packs_dir_ / PackFileName(pack_id);
+}
+
+Result<std::shared_ptr<FileDescriptor>> ChunkReader::PackFd(uint32_t pack_id) const {
+  std::lock_guard lock(fd_mu_);
+  auto it = fds_.find(pack_id);
+  if (it != fds_.end()) return it->second;
+  CKPTFS_ASSIGN_OR_RETURN(FileDescriptor fd, OpenFile(PackPath(pack_id), O_RDONLY));
+  auto shared = std::make_shared<FileDescriptor>(std::move(fd));
+  fds_[pack_id] = shared;
+  return shared;
+}
+
+void ChunkReader::ForgetPack(uint32_t pack_id) {
+  std::lock_guard lock(fd_mu_);
+  fds_.erase(pack_id);
+}
+
+Result<CheckedRecord> ChunkReader::ReadRecord(const ChunkId& id, const ChunkRow& row) const {
+  const std::string where = Where(row.pack_id, row.offset);
+  if (row.length < kRecordHeaderBytes) {
+    return Status::Corruption(where + ": catalog row has an impossible record length");
+  }
+  CKPTFS_ASSIGN_OR_RETURN(auto fd, PackFd(row.pack_id));
+  std::byte header_bytes[kRecordHeaderBytes];
+  CheckedRecord record;
+  record.payload = Buffer(row.length - kRecordHeaderBytes);
+  Status s = PReadTwo(fd->get(), row.offset, MutableBytes(header_bytes, kRecordHeaderBytes),
+                      record.payload.mutable_bytes(), PackPath(row.pack_id));
+  if (!s.ok()) return s.IsCorruption() ? Status::Corruption(where + ": " + s.message()) : s;
+  read_bytes_.fetch_add(row.length, std::memory_order_relaxed);
+  reads_.fetch_add(1, std::memory_order_relaxed);
+  auto header = RecordHeader::Decode(Bytes(header_bytes, kRecordHeaderBytes));
+  if (!header.ok()) return Status::Corruption(where + ": " + header.status().message());
+  record.header = *header;
+  const Bytes payload = record.payload.bytes();
+  if (header->id != id || header->raw_len != row.raw_len || header->stored_len != payload.size() ||
+      header->codec != row.codec) {
+    return Status::Corruption(where + ": record does not match the catalog (chunk " +
+                              id.ShortHex() + ")");
+  }
+  if (Checksum64(payload) != header->payload_checksum || header->payload_checksum != row.checksum) {
+    return Status::Corruption(where + ": checksum mismatch in chunk " + id.ShortHex());
+  }
+  return record;
+}
+
+ChunkReader::LoadResult ChunkReader::LoadChained(const ChunkId& id, const ChunkRow& row,
+                                                 const DecodeChain* chain) const {
+  if (auto hit = cache_->Lookup(id)) return hit;
+  std::promise<LoadResult> promise;
+  std::shared_future<LoadResult> pending;
+  {
+    std::lock_guard lock(loading_mu_);
+    auto it = loading_.find(id);
+    if (it != loading_.end()) {
+      pending = it->second;
+    } else {
+      loading_.emplace(id, promise.get_future().share());
+    }
+  }
+  auto decode = [&]() -> LoadResult {
+    CKPTFS_ASSIGN_OR_RETURN(Buffer raw, DecodeChained(id, row, chain));
+    auto chunk = std::make_shared<const Buffer>(std::move(raw));
+    cache_->Insert(id, chunk);
+    return chunk;
+  };
+  if (pending.valid()) {
+    LoadResult joined = pending.get();
+    // The other load may have used a location gc has moved since: try ours before failing.
+    if (joined.ok()) return joined;
+    return decode();
+  }
+  LoadResult result = decode();
+  promise.set_value(result);
+  std::lock_guard lock(loading_mu_);
+  loading_.erase(id);
+  return result;
+}
+
+Result<Buffer> ChunkReader::DecodeChained(const ChunkId& id, const ChunkRow& row,
+                                          const DecodeChain* chain) const {
+  const std::string where = Where(row.pack_id, row.offset);
+  CKPTFS_ASSIGN_OR_RETURN(CheckedRecord record, ReadRecord(id, row));
+  const RecordHeader& header = record.header;
+  if (header.transform() != row.transform ||
+      (row.transform != Transform::kPlain && header.width() != row.width)) {
+    return Status::Corruption(where + ": record encoding does not match the catalog");
+  }
+  if (header.transform() == Transform::kPlain && header.codec == Codec::kNone) {
+    // Stored as it is: the payload is the chunk (its length was checked against raw_len).
+    if (record.payload.size() != row.raw_len) {
+      return Status::Corruption(where + ": a raw record's length differs from its chunk's");
+    }
+    return std::move(record.payload);
+  }
+  const PieceEncoding encoding{header.transform(), header.width(), header.codec};
+  auto body = SplitRecordPayload(header, record.payload.bytes());
+  if (!body.ok()) return Status::Corruption(where + ": " + body.status().message());
+  std::shared_ptr<const Buffer> base;
+  if (body->base) {
+    const ChunkId& base_id = *body->base;
+    const int depth = chain ? chain->depth + 1 : 1;
+    bool cycle = base_id == id;
+    for (const DecodeChain* c = chain; c != nullptr && !cycle; c = c->outer) {
+      cycle = *c->id == base_id;
+    }
+    if (base_id != row.base || cycle || depth >= kMaxDecodeDepth) {
+      return Status::Corruption(where + ": the delta base of chunk " + id.ShortHex() +
+                                " is inconsistent (wrong id, cycle or chain too long)");
+    }
+    std::optional<ChunkRow> base_row;
+    {
+      CKPTFS_ASSIGN_OR_RETURN(auto txn, catalog_->BeginRead());
+      CKPTFS_ASSIGN_OR_RETURN(base_row, txn.GetChunk(base_id));
+    }
+    if (!base_row) {
+      return Status::Corruption(where + ": the delta base " + base_id.ShortHex() + " of chunk " +
+                                id.ShortHex() + " is missing; run `ckptfs verify`");
+    }
+    const DecodeChain link{&id, chain, depth};
+    CKPTFS_ASSIGN_OR_RETURN(base, LoadChained(base_id, *base_row, &link));
+  }
+  Buffer raw(row.raw_len);
+  Status s =
+      DecodePiece(encoding, body->encoded, base ? base->bytes() : Bytes{}, raw.mutable_bytes());
+  if (!s.ok()) return Status::Corruption(where + ": " + s.message());
+  return raw;
+}
+
+}  // namespace ckptfs

@@ -1,0 +1,103 @@
+// engine/store/chunk_reader.h
+//
+// Store's read side: reads chunk records from pack files, checks them against their catalog
+// rows, decodes them (following delta chains down to a whole record) and loads each chunk once
+// however many readers ask for it at the same time. The Store owns one; gc and verify use it
+// for their record reads.
+//
+//   ChunkReader reader(dir / "packs", &catalog, &cache);
+//   CKPTFS_ASSIGN_OR_RETURN(auto chunk, reader.Load(id, row));   // shared, cached
+//   CKPTFS_ASSIGN_OR_RETURN(Buffer raw, reader.Decode(id, row)); // owned, not cached
+//
+// Guarantees:
+// - A record's header is checked (magic, version, header checksum), must match the catalog
+//   row (id, lengths, codec, encoding) and its payload's XXH3-64 must match both header and
+//   row; any mismatch, and any delta base that is missing, inconsistent or cyclic, is
+//   Status::Corruption naming pack and offset. Never wrong bytes.
+// - A record stored raw (codec none, plain) is read straight into the buffer that is returned:
+//   no copy after the pread.
+// - Load is single-flight: a second caller for a chunk being decoded waits for that decode.
+// - Pack file descriptors are opened once and kept until ForgetPack.
+// REQUIRES (callers): the row's location stays valid during the call (the Store holds its gc
+// lock shared, or the row is pinned). Thread-safe.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <filesystem>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#include "engine/store/catalog.h"
+#include "engine/store/chunk_cache.h"
+#include "engine/store/record.h"
+#include "engine/util/buffer.h"
+#include "engine/util/file.h"
+#include "engine/util/status.h"
+
+namespace ckptfs {
+
+// A record read from its pack and checked against its row.
+struct CheckedRecord {
+  RecordHeader header;
+  Buffer payload;  // the stored bytes that follow the header
+};
+
+class ChunkReader {
+ public:
+  // REQUIRES: catalog and cache outlive the reader.
+  ChunkReader(std::filesystem::path packs_dir, const Catalog* catalog, ChunkCache* cache)
+      : packs_dir_(std::move(packs_dir)), catalog_(catalog), cache_(cache) {}
+  ChunkReader(const ChunkReader&) = delete;
+  ChunkReader& operator=(const ChunkReader&) = delete;
+
+  // The decoded chunk, from the cache or its pack (once, however many ask at the same time).
+  Result<std::shared_ptr<const Buffer>> Load(const ChunkId& id, const ChunkRow& row) const {
+    return LoadChained(id, row, nullptr);
+  }
+  // The raw bytes of a chunk (bases from the cache or their packs), owned and not cached.
+  Result<Buffer> Decode(const ChunkId& id, const ChunkRow& row) const {
+    return DecodeChained(id, row, nullptr);
+  }
+  // Reads a record and checks it against `row` (header, lengths, codec, payload checksum).
+  Result<CheckedRecord> ReadRecord(const ChunkId& id, const ChunkRow& row) const;
+
+  // Closes the cached descriptor of a pack (before it is deleted).
+  void ForgetPack(uint32_t pack_id);
+
+  // Bytes (and records) read from pack files so far: what readers cost the disk.
+  uint64_t read_bytes() const { return read_bytes_.load(std::memory_order_relaxed); }
+  uint64_t reads() const { return reads_.load(std::memory_order_relaxed); }
+
+ private:
+  // The chunks being rebuilt by one read, innermost last: a base that is already on it is a
+  // cycle (a corrupted catalog), which must fail rather than wait for itself.
+  struct DecodeChain {
+    const ChunkId* id;
+    const DecodeChain* outer;
+    int depth;
+  };
+  using LoadResult = Result<std::shared_ptr<const Buffer>>;
+
+  LoadResult LoadChained(const ChunkId& id, const ChunkRow& row, const DecodeChain* chain) const;
+  Result<Buffer> DecodeChained(const ChunkId& id, const ChunkRow& row,
+                               const DecodeChain* chain) const;
+  Result<std::shared_ptr<FileDescriptor>> PackFd(uint32_t pack_id) const;
+  std::filesystem::path PackPath(uint32_t pack_id) const;
+
+  const std::filesystem::path packs_dir_;
+  const Catalog* const catalog_;
+  ChunkCache* const cache_;
+  // Chunks being decoded: a second reader (or the prefetcher) waits for the first.
+  mutable std::mutex loading_mu_;
+  mutable std::unordered_map<ChunkId, std::shared_future<LoadResult>>
+      loading_;  // GUARDED_BY(loading_mu_)
+  mutable std::atomic<uint64_t> read_bytes_{0};
+  mutable std::atomic<uint64_t> reads_{0};
+  mutable std::mutex fd_mu_;
+  mutable std::unordered_map<uint32_t, std::shared_ptr<FileDescriptor>> fds_;  // GUARDED_BY(fd_mu_)
+};
+
+}  // namespace ckptfs
