@@ -10,3 +10,19 @@
 from .lazy import lazy_load  # noqa: F401
 from .sharded import load_sharded, read_safetensors, split_state_dict  # noqa: F401
 from .snapshot import SnapshotError, fingerprint, snapshot  # noqa: F401
+
+
+def _version():
+    # A source checkout (PYTHONPATH=python) reads the tree's VERSION; an installed package (pip,
+    # the .deb) its metadata. Both come from the one VERSION file, as `ckptfs --version` does.
+    import os
+    here = os.path.dirname(os.path.abspath(__file__))
+    tree_version = os.path.join(here, "..", "VERSION")
+    if os.path.exists(os.path.join(here, "..", "pyproject.toml")) and os.path.exists(tree_version):
+        with open(tree_version) as f:
+            return f.read().strip()
+    from importlib.metadata import version
+    return version("ckptfs")
+
+
+__version__ = _version()
