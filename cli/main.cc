@@ -16,6 +16,7 @@
 #include "engine/store/content_writer.h"
 #include "engine/store/store.h"
 #include "fs/mount.h"
+#include "fs/mount_options.h"
 
 namespace ckptfs {
 namespace {
@@ -178,28 +179,6 @@ int Stats(const std::string& dir) {
   return 0;
 }
 
-// "128M", "2G", "4096" -> bytes.
-Result<size_t> ParseSize(const std::string& text) {
-  size_t pos = 0;
-  unsigned long long v = 0;
-  try {
-    v = std::stoull(text, &pos);
-  } catch (...) {
-    return Status::InvalidArgument("bad size '" + text + "': use e.g. 128M or 2G");
-  }
-  std::string unit = text.substr(pos);
-  size_t mult = 1;
-  if (unit == "K" || unit == "k")
-    mult = size_t{1} << 10;
-  else if (unit == "M" || unit == "m")
-    mult = size_t{1} << 20;
-  else if (unit == "G" || unit == "g")
-    mult = size_t{1} << 30;
-  else if (!unit.empty())
-    return Status::InvalidArgument("bad size unit in '" + text + "'");
-  return static_cast<size_t>(v) * mult;
-}
-
 Status SetControl(const std::string& path, const char* name) {
   if (::setxattr(path.c_str(), name, "1", 1, 0) != 0) {
     return Status::FromErrno(
@@ -266,6 +245,7 @@ int main(int argc, char** argv) {
 
   CLI::App app{"ckptfs: a deduplicating, compressing store for deep-learning checkpoints"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", "ckptfs " CKPTFS_VERSION);
   bool verbose = false;
   app.add_flag("-v,--verbose", verbose, "log what the store does");
   std::string store, name, codec = "lz4";
@@ -327,7 +307,11 @@ int main(int argc, char** argv) {
                    "seconds after the first began")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  mount->add_option("-o", margs.fuse_options, "FUSE mount options (e.g. allow_other)");
+  std::vector<std::string> mount_options;
+  mount->add_option("-o", mount_options,
+                    "comma-separated options, as in fstab: cache_size=, inflight=, codec=, "
+                    "delta_chain=, seal_after=, snapshot_timeout= (as the flags above, and "
+                    "applied after them), FUSE options (allow_other, ro, ...)");
   std::string mountpoint, version;
   auto* umount = app.add_subcommand("umount", "make everything durable, then unmount");
   umount->add_option("MOUNTPOINT", mountpoint)->required();
@@ -365,6 +349,9 @@ int main(int argc, char** argv) {
     margs.seal_after = std::chrono::milliseconds(static_cast<int64_t>(seal_after * 1000));
     margs.snapshot_timeout =
         std::chrono::milliseconds(static_cast<int64_t>(snapshot_timeout * 1000));
+    for (const auto& list : mount_options) {
+      if (Status st = ApplyMountOptions(list, &margs); !st.ok()) return Fail(st);
+    }
     if (margs.foreground) spdlog::set_level(spdlog::level::info);
     return RunMount(margs);
   }

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <condition_variable>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -23,6 +24,7 @@
 #include "engine/namespace/filesystem.h"
 #include "engine/store/store.h"
 #include "fs/fuse_ops.h"
+#include "fs/sd_notify.h"
 
 namespace ckptfs {
 namespace {
@@ -147,8 +149,14 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
                  ": is it an existing empty directory, is /dev/fuse there, are you root?");
     return 1;
   }
-  spdlog::info("mounted {} at {}", args.store, args.mountpoint);
+  spdlog::info("mounted {} at {} (cache {} MiB, inflight {} MiB, codec {}, delta chain {})",
+               args.store, args.mountpoint, args.cache_bytes >> 20, args.inflight_bytes >> 20,
+               args.codec.ToString(), args.max_delta_chain);
   ready.Report("");
+  // Under systemd (Type=notify): units ordered after this one start once the mount serves.
+  if (Status s = NotifyServiceManager("READY=1\nSTATUS=serving " + args.mountpoint); !s.ok()) {
+    spdlog::error("cannot notify the service manager: {}", s.ToString());
+  }
   if (!args.foreground) {
     int null = ::open("/dev/null", O_RDWR);
     if (null >= 0) {
@@ -174,17 +182,24 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
   fuse_loop_config* cfg = fuse_loop_cfg_create();
   fuse_loop_cfg_set_max_threads(cfg, 16);
   int rc = fuse_session_loop_mt(se, cfg);
+  // SIGTERM (systemd's stop), SIGINT and SIGHUP end the loop through libfuse's handlers, which
+  // return the signal's number: a requested stop, as clean as an unmount.
+  bool stopped_by_signal = rc == SIGTERM || rc == SIGINT || rc == SIGHUP;
+  (void)NotifyServiceManager("STOPPING=1\nSTATUS=committing accepted files");
   trimmer.request_stop();
   fuse_loop_cfg_destroy(cfg);
   fuse_session_unmount(se);
   fuse_remove_signal_handlers(se);
   fuse_session_destroy(se);
+  // The mount is gone; committing what close() accepted remains. A stop signal now must not cut
+  // it short: systemd sends SIGTERM to what is left of a .mount unit once umount(8) returned.
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) std::signal(sig, SIG_IGN);
   spdlog::info("unmounted {}; committing open files", args.mountpoint);
   control->reset();  // abandons versions not yet complete
   fs->reset();       // commits everything close() accepted
   store->reset();
   spdlog::info("store {} closed", args.store);
-  return rc == 0 ? 0 : 1;
+  return rc == 0 || stopped_by_signal ? 0 : 1;
 }
 
 }  // namespace
