@@ -9,6 +9,7 @@ PACKAGES=(
   libfuse3-dev fuse3 liburing-dev liblz4-dev libzstd-dev liblmdb-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libxxhash-dev
   libssl-dev zlib1g-dev python3-torch python3-numpy zstd clang-14 libclang-rt-14-dev
+  help2man dpkg-dev  # the man page and the .deb (packaging/)
 )
 
 missing=()

@@ -8,8 +8,10 @@
     h.wait()        # every rank committed: the version is visible in the mount
     h.stats()       # the engine's counters (blocks_unchanged, bytes_copied, ...)
 
-The library is found through $CKPTFS_SNAPSHOT_LIB, next to this package, or in the build
-directories of the source tree. One engine per (mount, rank, world_size) lives for the process,
+The library is found through $CKPTFS_SNAPSHOT_LIB, next to this package (pip install of a source
+tree with a build), in the build directories of the source tree, where `cmake --install` or the
+.deb put it (ckptfs/_installed.py, written by packaging/install_python.cmake), or by the
+dynamic linker's search. One engine per (mount, rank, world_size) lives for the process,
 so that the next snapshot knows the previous one's blocks (unchanged blocks are not copied).
 Nested dicts are flattened with "." ("optimizer.state.0.exp_avg"). Values that are not tensors
 (ints, floats, param_groups) are not saved yet.
@@ -62,17 +64,28 @@ def _find_library():
     candidates = [os.path.join(here, "libckptfs_snapshot.so")]
     root = os.path.dirname(os.path.dirname(here))
     candidates += sorted(glob.glob(os.path.join(root, "build*", "libckptfs_snapshot.so")))
+    try:
+        from . import _installed
+        candidates.append(_installed.SNAPSHOT_LIBRARY)
+    except ImportError:
+        pass
     for c in candidates:
         if os.path.exists(c):
             return c
-    raise SnapshotError("libckptfs_snapshot.so not found: set CKPTFS_SNAPSHOT_LIB")
+    return "libckptfs_snapshot.so"  # the dynamic linker's search path (ld.so.conf, ldconfig)
 
 
 def library():
     global _lib
     with _lib_lock:
         if _lib is None:
-            lib = ctypes.CDLL(_find_library())
+            path = _find_library()
+            try:
+                lib = ctypes.CDLL(path)
+            except OSError as e:
+                raise SnapshotError(
+                    f"cannot load {path} ({e}): install ckptfs (packaging/README.md) or set "
+                    "CKPTFS_SNAPSHOT_LIB") from None
             err = (ctypes.c_char_p, ctypes.c_size_t)
             lib.ckptfs_engine_open.restype = ctypes.c_void_p
             lib.ckptfs_engine_open.argtypes = (ctypes.c_char_p, ctypes.c_int32, ctypes.c_int32,
