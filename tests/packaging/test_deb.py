@@ -13,7 +13,7 @@ CKPTFS_* variables, PATH of the system directories):
   - `man ckptfs`, the bash completion;
   - the systemd unit: `systemd-analyze verify`, and its ExecStart run as systemd would, with a
     fake NOTIFY_SOCKET: READY=1 arrives when the mount serves, SIGTERM stops it cleanly
-    (exit 0, unmounted, nothing lost);
+    (exit 0, unmounted, nothing lost); where systemd runs, also systemctl start/stop of it;
   - pip installs ./python (into a temporary target) with the binary's version and the library;
   - dpkg --purge leaves no file behind.
 Everything is undone however the test ends: mounts, the package, temporary files.
@@ -382,6 +382,41 @@ def test_systemd_unit(root):
     run(["ckptfs", "umount", mnt])
 
 
+def test_unit_under_systemd(root):
+    """Where systemd runs (PID 1): the unit started and stopped by systemd itself."""
+    store, mnt = os.path.join(root, "sd-store"), os.path.join(root, "sd-mnt")
+    inst = run(["systemd-escape", "--path", mnt]).stdout.strip()
+    unit = "ckptfs@%s.service" % inst
+    made_etc = not os.path.isdir("/etc/ckptfs")
+    conf = "/etc/ckptfs/%s.conf" % inst
+    os.makedirs("/etc/ckptfs", exist_ok=True)
+    try:
+        with open(conf, "w") as f:
+            f.write("CKPTFS_STORE=%s\nCKPTFS_OPTIONS=cache_size=32M\n" % store)
+        run(["systemctl", "daemon-reload"])
+        run(["systemctl", "start", unit])  # Type=notify: returns once READY=1 arrived
+        check(mount_entry(mnt) is not None, "systemctl start %s returned with the mount "
+              "serving" % unit)
+        payload = os.urandom(1 << 20)
+        with open(os.path.join(mnt, "f.bin"), "wb") as f:
+            f.write(payload)
+        run(["systemctl", "stop", unit])
+        result = run(["systemctl", "show", "-p", "Result", "--value", unit]).stdout.strip()
+        check(mount_entry(mnt) is None and result == "success",
+              "systemctl stop unmounted cleanly (Result=%s)" % result)
+        run(["ckptfs", "mount", store, mnt])
+        with open(os.path.join(mnt, "f.bin"), "rb") as f:
+            check(f.read() == payload, "the file written under systemd reads back")
+        run(["ckptfs", "umount", mnt])
+    finally:
+        subprocess.run(["systemctl", "stop", unit], capture_output=True)
+        subprocess.run(["systemctl", "reset-failed", unit], capture_output=True)
+        os.remove(conf)
+        if made_etc:
+            os.rmdir("/etc/ckptfs")
+        subprocess.run(["systemctl", "daemon-reload"], capture_output=True)
+
+
 def test_pip(root):
     # pip builds in the source tree it is given: build from a copy (VERSION link resolved).
     src = os.path.join(root, "python-src")
@@ -437,6 +472,10 @@ def main():
         test_fstab_mount(root, store, mnt, digest)
         test_man_and_completion()
         test_systemd_unit(root)
+        if os.path.isdir("/run/systemd/system"):
+            test_unit_under_systemd(root)
+        else:
+            print("no systemd running here: the unit's command was run directly", flush=True)
         test_pip(root)
         dpkg("--purge", PACKAGE)
         package_installed = False
