@@ -269,11 +269,13 @@ def test_fstab_mount(root, store, mnt, digest):
     fstab = os.path.join(root, "fstab")
     with open(fstab, "w") as f:
         f.write("# a temporary fstab (mount --fstab): /etc/fstab is not touched\n")
-        f.write("%s %s fuse.ckptfs cache_size=32M,codec=lz4,noauto,nofail,"
+        # The source in fuse3's spelling, TYPE#SOURCE, which the helper accepts too.
+        f.write("ckptfs#%s %s fuse.ckptfs cache_size=32M,codec=lz4,noauto,nofail,"
                 "x-systemd.after=network-online.target 0 0\n" % (store, mnt))
     run(["mount", "--fstab", fstab, mnt])
     entry = mount_entry(mnt)
-    check(entry is not None and entry[0] == "fuse.ckptfs", "mount MNT mounted the fstab line")
+    check(entry is not None and entry[0] == "fuse.ckptfs" and entry[1] == "ckptfs:" + store,
+          "mount MNT mounted the fstab line (source ckptfs#STORE) of %s" % store)
     check("(cache 32 MiB, inflight 256 MiB, codec lz4," in log_tail(store),
           "with the fstab line's options (cache 32M, lz4)")
     ckpt = os.path.join(mnt, "global_step1", "model.pt")
@@ -457,6 +459,7 @@ def main():
     fcntl.flock(lock, fcntl.LOCK_EX)  # one run on this machine at a time (it installs)
     root = tempfile.mkdtemp(prefix="ckptfs-debtest-")
     package_installed = False
+    footprint = before = None
     try:
         if installed():
             print("note: purging a ckptfs package left installed", flush=True)
@@ -495,6 +498,10 @@ def main():
         cleanup_mounts(root)
         if package_installed and installed():
             subprocess.run(["dpkg", "--purge", PACKAGE], capture_output=True)
+        if before is not None:  # what a failed removal left of the package's own directories
+            for d in reversed(footprint.dirs):
+                if before[d] is None and os.path.isdir(d):
+                    shutil.rmtree(d, ignore_errors=True)
         shutil.rmtree(root, ignore_errors=True)
 
 
