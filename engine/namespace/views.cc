@@ -280,8 +280,10 @@ Result<uint64_t> FileSystem::ViewOpen(Ino ino, int flags) {
   }
   CKPTFS_ASSIGN_OR_RETURN(ViewState::Node node, views_->Get(ino));
   CKPTFS_ASSIGN_OR_RETURN(Inode real, ViewReal(node.real));
-  auto open = std::make_shared<ViewState::OpenView>(options_.readahead_bytes,
-                                                    PrefetchPriorityOf(node.real));
+  // A reader that opens with O_DIRECT asks for exactly the ranges it wants (ckptfs.lazy_load's
+  // get_slice reads a range of rows): no prefetch beyond them (docs/views.md).
+  const uint64_t readahead = (flags & O_DIRECT) ? 0 : options_.readahead_bytes;
+  auto open = std::make_shared<ViewState::OpenView>(readahead, PrefetchPriorityOf(node.real));
   open->content = real.content;
   if (node.kind == Kind::kTensorFile) {
     CKPTFS_ASSIGN_OR_RETURN(auto view, TensorViewOf(real, node.to));
