@@ -5,9 +5,12 @@
     h.wait()     # durable, visible in the mount
     part = ckptfs.load_sharded("/mnt/ckpt/global_step100", rank=r, world_size=new_w)
     sd = ckptfs.lazy_load("/mnt/ckpt/v1/model.pt", filter=["module.*"], dtype="bf16")
-    sd["module.head.weight"]   # each tensor read from the mount on first access only
+    sd["module.head.weight"]   # read from the mount at access (mapped); sd keeps no tensor
+    sd.get_slice("module.embed.weight")[0:1000]   # reads only those rows
+    ckptfs.load_into(model, "/mnt/ckpt/v1/model.pt", prefix="module.")   # one tensor at a time
 """
 from .lazy import lazy_load  # noqa: F401
+from .restore import IncompatibleKeys, load_into  # noqa: F401
 from .sharded import load_sharded, read_safetensors, split_state_dict  # noqa: F401
 from .snapshot import SnapshotError, fingerprint, snapshot  # noqa: F401
 
