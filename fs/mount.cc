@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -111,6 +112,12 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
   }
   FileSystemOptions fs_options;
   fs_options.seal_after = args.seal_after;
+  // Benchmark-only switch (scripts/bench/fs.sh compares both): CKPTFS_SPOOL=0 ingests writes
+  // on the FUSE request thread instead of spooling them (docs/fs.md, "Write path").
+  if (const char* spool = std::getenv("CKPTFS_SPOOL"); spool && std::string(spool) == "0") {
+    fs_options.spool_backlog_bytes = 0;
+    spdlog::warn("CKPTFS_SPOOL=0: writes are ingested on the request thread (benchmark only)");
+  }
   auto fs = FileSystem::Open(store->get(), fs_options);
   if (!fs.ok()) {
     ready.Report(fs.status().ToString());

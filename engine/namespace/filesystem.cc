@@ -16,6 +16,8 @@ namespace {
 
 constexpr char kNextInoKey[] = "next_ino";
 constexpr char kNextVersionKey[] = "next_version_seq";
+// Each ingest thread carries spooled bytes to the writer in pieces of this size.
+constexpr size_t kIngestScratchBytes = 4 << 20;
 
 int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -43,6 +45,10 @@ Result<std::unique_ptr<FileSystem>> FileSystem::Open(Store* store,
                                                      const FileSystemOptions& options) {
   std::unique_ptr<FileSystem> fs(new FileSystem(store, options));
   CKPTFS_RETURN_IF_ERROR(fs->Init());
+  if (options.spool_backlog_bytes > 0) {
+    fs->spool_backlog_ = std::make_unique<ByteBudget>(options.spool_backlog_bytes);
+    fs->ingester_ = std::make_unique<Ingester>(options.ingest_threads, kIngestScratchBytes);
+  }
   fs->committer_ = std::make_unique<Committer>(
       [p = fs.get()](const std::shared_ptr<OpenInode>& file) { p->ForgetReleased(file); });
   if (options.seal_after.count() > 0) fs->sealer_ = std::thread([p = fs.get()] { p->RunSealer(); });
@@ -61,6 +67,7 @@ FileSystem::~FileSystem() {
     if (!s.ok()) spdlog::error("committing open files at shutdown failed: {}", s.ToString());
     committer_.reset();
   }
+  ingester_.reset();  // after the commits: they wait for their files' ingest
 }
 
 Status FileSystem::Init() {
@@ -360,8 +367,10 @@ Result<std::shared_ptr<OpenInode>> FileSystem::OpenInodeFor(Ino ino) {
       CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginRead());
       CKPTFS_ASSIGN_OR_RETURN(inode, MustGet(txn, ino));
     }
-    auto file = std::make_shared<OpenInode>(inode, store_, staging_dir_,
-                                            [this](OpenInode& f) { return NewFileWriter(f); });
+    std::optional<OpenInode::Spool> spool;
+    if (ingester_) spool = OpenInode::Spool{ingester_.get(), spool_backlog_.get()};
+    auto file = std::make_shared<OpenInode>(
+        inode, store_, staging_dir_, [this](OpenInode& f) { return NewFileWriter(f); }, spool);
     it = open_files_.emplace(ino, std::move(file)).first;
   }
   // Counted here, under the same lock: the committer forgets an open file without handles.

@@ -65,6 +65,12 @@ struct FileSystemOptions {
   // Seal a version once a newer version exists and none of its files has been open for this
   // long. Zero disables automatic sealing.
   std::chrono::milliseconds seal_after{std::chrono::seconds(10)};
+  // Writes at the end of a file land in an unnamed spool file and are ingested behind the
+  // writer (open_inode.h, docs/fs.md); at most this many bytes, all files together, wait in
+  // spools for ingest (a write waits while more do). 0: no spool, writes are ingested on the
+  // calling thread.
+  uint64_t spool_backlog_bytes = 1ull << 30;
+  int ingest_threads = 1;
 };
 
 struct Caller {
@@ -254,6 +260,8 @@ class FileSystem {
   uint64_t next_handle_ = 1;  // GUARDED_BY(open_mu_)
 
   std::unique_ptr<Committer> committer_;
+  std::unique_ptr<ByteBudget> spool_backlog_;  // when spooling
+  std::unique_ptr<Ingester> ingester_;         // when spooling
 
   std::mutex sealer_mu_;
   std::condition_variable sealer_cv_;

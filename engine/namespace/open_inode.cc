@@ -13,6 +13,8 @@ namespace ckptfs {
 namespace {
 
 constexpr size_t kCopyBytes = 4 << 20;
+// Spool pages are punched out in multiples of this once ingested.
+constexpr uint64_t kPunchAlign = 1 << 20;
 
 int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -23,7 +25,7 @@ int64_t NowNs() {
 }  // namespace
 
 OpenInode::OpenInode(const Inode& inode, Store* store, std::filesystem::path staging_dir,
-                     WriterFactory new_writer)
+                     WriterFactory new_writer, std::optional<Spool> spool)
     : ino(inode.ino),
       version(inode.version),
       store_(store),
@@ -32,7 +34,15 @@ OpenInode::OpenInode(const Inode& inode, Store* store, std::filesystem::path sta
       base_(inode.content),
       size_(inode.size),
       size_view_(inode.size),
-      mtime_view_(inode.mtime_ns) {}
+      mtime_view_(inode.mtime_ns),
+      spool_config_(spool) {}
+
+OpenInode::~OpenInode() {
+  // Bytes spooled and never ingested (a failed commit, a file dropped with errors) still
+  // hold the backlog budget.
+  std::lock_guard lock(mu_);
+  DropStreamLocked();
+}
 
 void OpenInode::TouchLocked() {
   size_view_ = size_;
@@ -40,21 +50,69 @@ void OpenInode::TouchLocked() {
   dirty_ = true;
 }
 
+void OpenInode::DropStreamLocked() {
+  std::lock_guard ingest(ingest_mu_);  // waits for an Append in progress
+  if (spool_.valid() && spool_config_) {
+    const uint64_t end = spooled_end_.load();
+    if (end > ingested_) spool_config_->backlog->Release(static_cast<size_t>(end - ingested_));
+  }
+  writer_.reset();  // abandons the streamed chunks
+  spool_ = FileDescriptor();
+  spool_start_ = 0;
+  spooled_end_ = 0;
+  ingested_ = 0;
+  punched_ = 0;
+  ingest_error_ = Status::OK();
+  ingest_failed_ = false;
+}
+
 Status OpenInode::Write(uint64_t offset, Bytes data, bool append) {
   std::lock_guard lock(mu_);  // Seal() commits under this lock: check after taking it
   if (sealed) return Status::ReadOnly("version is sealed");
   CKPTFS_RETURN_IF_ERROR(error_);
+  if (ingest_failed_) {
+    std::lock_guard ingest(ingest_mu_);  // the ingest stopped: this does not wait
+    error_ = ingest_error_;
+    return error_;
+  }
   if (append) offset = size_;
   Status s;
   if (!staging_.valid() && offset == size_) {
     if (!writer_) {
+      std::unique_ptr<ContentWriter> writer;
       if (base_ != 0) {
-        CKPTFS_ASSIGN_OR_RETURN(writer_, store_->NewAppender(base_));
+        CKPTFS_ASSIGN_OR_RETURN(writer, store_->NewAppender(base_));
       } else {
-        writer_ = new_writer_(*this);
+        writer = new_writer_(*this);
       }
+      FileDescriptor spool;
+      if (spool_config_) {
+        auto fd = ckptfs::OpenFile(staging_dir_, O_TMPFILE | O_RDWR, 0600);
+        if (fd.ok()) {
+          spool = std::move(*fd);
+        } else {
+          spdlog::warn("inode {}: no spool ({}); writing through", ino, fd.status().ToString());
+        }
+      }
+      std::lock_guard ingest(ingest_mu_);
+      writer_ = std::move(writer);
+      spool_ = std::move(spool);
+      spool_start_ = size_;
+      spooled_end_ = size_;
+      ingested_ = size_;
     }
-    s = writer_->Append(data);
+    if (spool_.valid()) {
+      spool_config_->backlog->Acquire(data.size());  // the ingest releases it
+      s = PWriteFull(spool_.get(), offset - spool_start_, data, staging_dir_);
+      if (s.ok()) {
+        spooled_end_ = offset + data.size();
+        spool_config_->ingester->Schedule(shared_from_this());
+      } else {
+        spool_config_->backlog->Release(data.size());
+      }
+    } else {
+      s = writer_->Append(data);
+    }
   } else {
     if (!staging_.valid()) s = ToStagingLocked();
     if (s.ok()) s = PWriteFull(staging_.get(), offset, data, staging_dir_);
@@ -66,6 +124,67 @@ Status OpenInode::Write(uint64_t offset, Bytes data, bool append) {
   size_ = std::max(size_, offset + data.size());
   TouchLocked();
   return Status::OK();
+}
+
+bool OpenInode::IngestSome(MutableBytes scratch) {
+  std::lock_guard lock(ingest_mu_);
+  const uint64_t end = spooled_end_.load();
+  if (!writer_ || !spool_.valid() || !ingest_error_.ok() || ingested_ >= end) return false;
+  const size_t n = static_cast<size_t>(std::min<uint64_t>(scratch.size(), end - ingested_));
+  Status s = PReadFull(spool_.get(), ingested_ - spool_start_, scratch.first(n), staging_dir_);
+  if (s.ok()) s = writer_->Append(scratch.first(n));
+  if (!s.ok()) {
+    spdlog::error("inode {}: ingesting spooled bytes failed: {}", ino, s.ToString());
+    ingest_error_ = s;
+    ingest_failed_ = true;
+    ingested_cv_.notify_all();
+    return false;
+  }
+  ingested_ += n;
+  spool_config_->backlog->Release(n);
+  // The writer holds these bytes now: free their pages, so that the spool's dirty pages stay
+  // within the backlog and are never written back (nor counted against dirty limits).
+  const uint64_t punch_end = (ingested_ - spool_start_) & ~uint64_t{kPunchAlign - 1};
+  if (punch_end > punched_ && punch_holes_) {
+    if (::fallocate(spool_.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                    static_cast<off_t>(punched_), static_cast<off_t>(punch_end - punched_)) == 0) {
+      punched_ = punch_end;
+    } else {
+      spdlog::info("inode {}: spool pages are kept until commit (fallocate: {})", ino,
+                   std::strerror(errno));
+      punch_holes_ = false;
+    }
+  }
+  ingested_cv_.notify_all();
+  return ingested_ < spooled_end_.load();
+}
+
+Status OpenInode::WaitIngestedLocked() {
+  std::unique_lock ingest(ingest_mu_);
+  if (!spool_.valid()) return Status::OK();
+  ingested_cv_.wait(ingest, [&] { return ingested_ >= spooled_end_.load() || ingest_failed_; });
+  return ingest_error_;
+}
+
+Result<size_t> OpenInode::ReadStreamedLocked(uint64_t offset, MutableBytes out) {
+  if (!spool_.valid()) return writer_->ReadBack(offset, out);
+  // Ingested bytes are the writer's (their spool pages may be punched out already), the rest
+  // is in the spool. Waits for an Append in progress.
+  std::lock_guard ingest(ingest_mu_);
+  CKPTFS_RETURN_IF_ERROR(ingest_error_);
+  size_t done = 0;
+  if (offset < ingested_) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(out.size(), ingested_ - offset));
+    CKPTFS_ASSIGN_OR_RETURN(size_t got, writer_->ReadBack(offset, out.first(n)));
+    if (got != n) return Status::Corruption("written bytes are shorter than recorded");
+    done = n;
+  }
+  if (done < out.size()) {
+    CKPTFS_RETURN_IF_ERROR(
+        PReadFull(spool_.get(), offset + done - spool_start_, out.subspan(done), staging_dir_));
+    done = out.size();
+  }
+  return done;
 }
 
 Result<std::optional<size_t>> OpenInode::ReadPending(uint64_t offset, MutableBytes& out,
@@ -80,7 +199,7 @@ Result<std::optional<size_t>> OpenInode::ReadPending(uint64_t offset, MutableByt
     return std::optional<size_t>(static_cast<size_t>(n));
   }
   if (writer_) {
-    CKPTFS_ASSIGN_OR_RETURN(size_t n, writer_->ReadBack(offset, out));
+    CKPTFS_ASSIGN_OR_RETURN(size_t n, ReadStreamedLocked(offset, out));
     return std::optional<size_t>(n);
   }
   *committed = base_;
@@ -92,7 +211,7 @@ Status OpenInode::Truncate(uint64_t size) {
   CKPTFS_RETURN_IF_ERROR(error_);
   if (size == size_) return Status::OK();  // the file keeps its bytes (and stays clean if it was)
   if (size == 0) {
-    writer_.reset();
+    DropStreamLocked();
     staging_ = FileDescriptor();
     base_ = 0;
   } else {
@@ -108,7 +227,7 @@ Status OpenInode::Truncate(uint64_t size) {
 
 void OpenInode::TruncateForOpen() {
   std::lock_guard lock(mu_);
-  writer_.reset();
+  DropStreamLocked();
   staging_ = FileDescriptor();
   error_ = Status::OK();
   base_ = 0;
@@ -118,6 +237,10 @@ void OpenInode::TruncateForOpen() {
 
 Status OpenInode::error() {
   std::lock_guard lock(mu_);
+  if (error_.ok() && ingest_failed_) {
+    std::lock_guard ingest(ingest_mu_);
+    return ingest_error_;
+  }
   return error_;
 }
 
@@ -130,7 +253,7 @@ Status OpenInode::ToStagingLocked() {
         buf.mutable_bytes().first(static_cast<size_t>(std::min<uint64_t>(kCopyBytes, size_ - off)));
     size_t n;
     if (writer_) {
-      CKPTFS_ASSIGN_OR_RETURN(n, writer_->ReadBack(off, piece));
+      CKPTFS_ASSIGN_OR_RETURN(n, ReadStreamedLocked(off, piece));
     } else if (base_ != 0) {
       CKPTFS_ASSIGN_OR_RETURN(n, store_->Read(base_, off, piece));
     } else {
@@ -144,7 +267,7 @@ Status OpenInode::ToStagingLocked() {
   if (::ftruncate(fd.get(), static_cast<off_t>(size_)) != 0) {
     return Status::FromErrno(errno, "size staging file");
   }
-  writer_.reset();  // abandons the streamed chunks: the staging file holds the bytes now
+  DropStreamLocked();  // the staging file holds the bytes now
   staging_ = std::move(fd);
   return Status::OK();
 }
@@ -170,8 +293,14 @@ Status OpenInode::Commit() {
   };
   Result<ContentId> id = ContentId{0};
   if (writer_) {
-    id = writer_->Finish(bind);
-    writer_.reset();
+    Status ingested = WaitIngestedLocked();
+    if (ingested.ok()) {
+      std::lock_guard ingest(ingest_mu_);
+      id = writer_->Finish(bind);
+    } else {
+      id = ingested;
+    }
+    DropStreamLocked();  // the spool goes; unless written back, it cost no disk write
   } else if (staging_.valid()) {
     auto writer = new_writer_(*this);
     Buffer buf(kCopyBytes);

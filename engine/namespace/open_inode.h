@@ -12,9 +12,19 @@
 //
 // Streaming: writes at the end of the file go into a ContentWriter (made by the caller's
 // WriterFactory, which picks the delta reference; an appender continues the committed
-// content). Patch path (the documented slower path): the first write anywhere else, or a
-// truncate to a non-zero size, copies the bytes so far into an unnamed staging file
-// (O_TMPFILE in the staging directory) and continues there; Commit() streams it into the store.
+// content). With a Spool (the default in the daemon), a write only lands in an unnamed spool
+// file (O_TMPFILE in the staging directory, page-cache speed) and returns; the Ingester feeds
+// the spooled bytes to the writer behind it. The spool's backlog is bounded by the Spool's
+// budget (a write waits while it is full). Commit() waits for the ingest, then finishes the
+// writer and closes the spool: a spool ingested before the kernel wrote it back costs no disk
+// write. Without a Spool the write calls ContentWriter::Append itself.
+//
+// Ingested spool pages are punched out (fallocate), so a spool holds about the backlog in the
+// page cache and its dirty pages are not written back.
+//
+// Patch path (the documented slower path): the first write anywhere else, or a truncate to a
+// non-zero size, copies the bytes so far into an unnamed staging file (O_TMPFILE in the
+// staging directory) and continues there; Commit() streams it into the store.
 //
 // Errors: a failed write of streamed bytes is sticky (later writes, reads, Flush and Commit
 // report it; the inode keeps its previous content). A failed commit of a staged file leaves
@@ -25,6 +35,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -32,20 +43,30 @@
 #include <mutex>
 #include <optional>
 
+#include "engine/namespace/ingester.h"
 #include "engine/namespace/inode.h"
 #include "engine/store/content_writer.h"
 #include "engine/store/store.h"
 #include "engine/util/file.h"
+#include "engine/util/worker_pool.h"
 
 namespace ckptfs {
 
-class OpenInode {
+class OpenInode : public IngestTarget, public std::enable_shared_from_this<OpenInode> {
  public:
   // A writer for a new content of this file (the caller chooses its delta reference).
   using WriterFactory = std::function<std::unique_ptr<ContentWriter>(OpenInode&)>;
+  // Spooled writes: who ingests them, and the bytes spooled but not yet ingested, shared by
+  // all files. Both must outlive the file.
+  struct Spool {
+    Ingester* ingester = nullptr;
+    ByteBudget* backlog = nullptr;
+  };
 
+  // REQUIRES: made by std::make_shared (the Ingester holds files it works on).
   OpenInode(const Inode& inode, Store* store, std::filesystem::path staging_dir,
-            WriterFactory new_writer);
+            WriterFactory new_writer, std::optional<Spool> spool = std::nullopt);
+  ~OpenInode() override;
   OpenInode(const OpenInode&) = delete;
   OpenInode& operator=(const OpenInode&) = delete;
 
@@ -68,6 +89,9 @@ class OpenInode {
   // (dropped meanwhile) releases the new content instead.
   Status Commit();
 
+  // The Ingester's call: appends spooled bytes to the writer.
+  bool IngestSome(MutableBytes scratch) override;
+
   // Size and mtime including uncommitted writes, for GetAttr (no lock).
   uint64_t size_view() const { return size_view_.load(); }
   int64_t mtime_view() const { return mtime_view_.load(); }
@@ -88,20 +112,43 @@ class OpenInode {
  private:
   Status ToStagingLocked();  // REQUIRES: mu_ held
   void TouchLocked();        // REQUIRES: mu_ held; size_ set: publishes size and mtime
+  // Reads [offset, offset + out.size()) of the file as written so far; REQUIRES: mu_ held,
+  // not staged, offset + out.size() <= size_.
+  Result<size_t> ReadStreamedLocked(uint64_t offset, MutableBytes out);
+  // Waits until every spooled byte was appended to the writer; returns the ingest's error.
+  // REQUIRES: mu_ held.
+  Status WaitIngestedLocked();
+  // Drops the writer (its chunks are abandoned) and the spool. REQUIRES: mu_ held.
+  void DropStreamLocked();
 
   Store* const store_;
   const std::filesystem::path staging_dir_;
   const WriterFactory new_writer_;
 
   std::mutex mu_;
-  ContentId base_;      // GUARDED_BY(mu_): committed content the bytes start from
-  uint64_t size_;       // GUARDED_BY(mu_)
-  bool dirty_ = false;  // GUARDED_BY(mu_): differs from the committed inode
-  std::unique_ptr<ContentWriter> writer_;  // GUARDED_BY(mu_): streaming mode
-  FileDescriptor staging_;                 // GUARDED_BY(mu_): staging mode
-  Status error_;  // GUARDED_BY(mu_): a write or commit failed; bytes are lost
+  ContentId base_;          // GUARDED_BY(mu_): committed content the bytes start from
+  uint64_t size_;           // GUARDED_BY(mu_)
+  bool dirty_ = false;      // GUARDED_BY(mu_): differs from the committed inode
+  FileDescriptor staging_;  // GUARDED_BY(mu_): staging mode
+  Status error_;            // GUARDED_BY(mu_): a write or commit failed; bytes are lost
   std::atomic<uint64_t> size_view_;
   std::atomic<int64_t> mtime_view_;
+
+  // The streaming state. writer_, spool_ and spool_start_ change only with both mu_ and
+  // ingest_mu_ held, so either lock suffices to read them; the Ingester takes only ingest_mu_
+  // (an Append may block on the store's in-flight budget, and writes must not wait for that).
+  const std::optional<Spool> spool_config_;
+  std::mutex ingest_mu_;
+  std::condition_variable ingested_cv_;
+  std::unique_ptr<ContentWriter> writer_;
+  FileDescriptor spool_;  // the spooled bytes: file bytes [spool_start_, spooled_end_)
+  uint64_t spool_start_ = 0;
+  std::atomic<uint64_t> spooled_end_{0};  // advanced by Write under mu_
+  uint64_t ingested_ = 0;                 // GUARDED_BY(ingest_mu_): appended up to here
+  uint64_t punched_ = 0;     // GUARDED_BY(ingest_mu_): spool offset; pages before it are freed
+  bool punch_holes_ = true;  // GUARDED_BY(ingest_mu_): false where fallocate cannot
+  Status ingest_error_;      // GUARDED_BY(ingest_mu_)
+  std::atomic<bool> ingest_failed_{false};
 };
 
 }  // namespace ckptfs

@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <random>
+#include <thread>
 
 namespace ckptfs {
 namespace {
@@ -21,7 +22,8 @@ Buffer RandomBuffer(size_t n, uint32_t seed) {
   return b;
 }
 
-class OpenInodeTest : public ::testing::Test {
+// Every test runs with writes spooled and ingested behind (the daemon's default) and without.
+class OpenInodeTest : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
     dir_ = std::filesystem::temp_directory_path() /
@@ -31,8 +33,14 @@ class OpenInodeTest : public ::testing::Test {
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     store_ = std::move(*s);
     std::filesystem::create_directories(dir_ / "staging");
+    if (GetParam()) {
+      // A small backlog: writes wait for the ingest, as they do when it falls behind.
+      backlog_ = std::make_unique<ByteBudget>(256 << 10);
+      ingester_ = std::make_unique<Ingester>(1, 64 << 10);
+    }
   }
   void TearDown() override {
+    ingester_.reset();
     store_.reset();
     std::filesystem::remove_all(dir_);
   }
@@ -50,9 +58,15 @@ class OpenInodeTest : public ::testing::Test {
     EXPECT_TRUE(txn->Commit().ok());
     return n;
   }
-  std::shared_ptr<OpenInode> Open(const Inode& inode) {
-    return std::make_shared<OpenInode>(inode, store_.get(), dir_ / "staging",
-                                       [this](OpenInode&) { return store_->NewWriter(); });
+  std::optional<OpenInode::Spool> Spool() {
+    if (!ingester_) return std::nullopt;
+    return OpenInode::Spool{ingester_.get(), backlog_.get()};
+  }
+  std::shared_ptr<OpenInode> Open(const Inode& inode,
+                                  std::filesystem::path staging = std::filesystem::path()) {
+    return std::make_shared<OpenInode>(
+        inode, store_.get(), staging.empty() ? dir_ / "staging" : staging,
+        [this](OpenInode&) { return store_->NewWriter(); }, Spool());
   }
   Inode Committed(Ino ino) {
     auto txn = store_->catalog().BeginRead();
@@ -90,9 +104,14 @@ class OpenInodeTest : public ::testing::Test {
 
   std::filesystem::path dir_;
   std::unique_ptr<Store> store_;
+  std::unique_ptr<ByteBudget> backlog_;
+  std::unique_ptr<Ingester> ingester_;
 };
 
-TEST_F(OpenInodeTest, StreamedBytesReadBackBeforeAndAfterCommit) {
+INSTANTIATE_TEST_SUITE_P(SpoolOrNot, OpenInodeTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Spooled" : "Direct"; });
+
+TEST_P(OpenInodeTest, StreamedBytesReadBackBeforeAndAfterCommit) {
   auto f = Open(MakeInode(2));
   Buffer data = RandomBuffer(5 << 20, 1);
   for (size_t off = 0; off < data.size(); off += 1 << 20) {
@@ -109,7 +128,7 @@ TEST_F(OpenInodeTest, StreamedBytesReadBackBeforeAndAfterCommit) {
   EXPECT_EQ(ReadVisible(*f, 0, 64), Str(data).substr(0, 64));  // clean: from the store
 }
 
-TEST_F(OpenInodeTest, PatchingEarlierBytesGoesThroughStaging) {
+TEST_P(OpenInodeTest, PatchingEarlierBytesGoesThroughStaging) {
   auto f = Open(MakeInode(2));
   Buffer data = RandomBuffer(3 << 20, 2);
   ASSERT_TRUE(f->Write(0, data.bytes(), false).ok());
@@ -124,7 +143,7 @@ TEST_F(OpenInodeTest, PatchingEarlierBytesGoesThroughStaging) {
   EXPECT_EQ(ReadContent(after.content, after.size), expect);
 }
 
-TEST_F(OpenInodeTest, AppendsContinueTheCommittedContent) {
+TEST_P(OpenInodeTest, AppendsContinueTheCommittedContent) {
   auto f = Open(MakeInode(2));
   ASSERT_TRUE(f->Write(0, AsBytes("first "), false).ok());
   ASSERT_TRUE(f->Commit().ok());
@@ -137,7 +156,7 @@ TEST_F(OpenInodeTest, AppendsContinueTheCommittedContent) {
   EXPECT_FALSE(store_->StatContent(first).ok());  // the old content was released
 }
 
-TEST_F(OpenInodeTest, TruncateShrinksExtendsAndEmpties) {
+TEST_P(OpenInodeTest, TruncateShrinksExtendsAndEmpties) {
   auto f = Open(MakeInode(2));
   ASSERT_TRUE(f->Write(0, AsBytes("0123456789"), false).ok());
   ASSERT_TRUE(f->Truncate(4).ok());
@@ -151,7 +170,7 @@ TEST_F(OpenInodeTest, TruncateShrinksExtendsAndEmpties) {
   EXPECT_EQ(Committed(2).size, 0u);
 }
 
-TEST_F(OpenInodeTest, SealedFileRefusesWrites) {
+TEST_P(OpenInodeTest, SealedFileRefusesWrites) {
   auto f = Open(MakeInode(2));
   ASSERT_TRUE(f->Write(0, AsBytes("kept"), false).ok());
   f->sealed = true;
@@ -160,11 +179,15 @@ TEST_F(OpenInodeTest, SealedFileRefusesWrites) {
   EXPECT_EQ(ReadContent(Committed(2).content, 4), "kept");
 }
 
-TEST_F(OpenInodeTest, FailedWriteIsStickyAndTheInodeKeepsItsContent) {
-  // No staging directory: the patch path fails after bytes were streamed.
-  auto f = std::make_shared<OpenInode>(MakeInode(2), store_.get(), dir_ / "missing",
-                                       [this](OpenInode&) { return store_->NewWriter(); });
-  ASSERT_TRUE(f->Write(0, AsBytes("streamed"), false).ok());
+TEST_P(OpenInodeTest, FailedWriteIsStickyAndTheInodeKeepsItsContent) {
+  // The staging directory goes: the patch path fails after bytes were streamed.
+  auto first = Open(MakeInode(2));
+  ASSERT_TRUE(first->Write(0, AsBytes("base"), false).ok());
+  ASSERT_TRUE(first->Commit().ok());
+  std::filesystem::create_directories(dir_ / "later");
+  auto f = Open(Committed(2), dir_ / "later");
+  ASSERT_TRUE(f->Write(4, AsBytes("streamed"), false).ok());
+  std::filesystem::remove_all(dir_ / "later");
   EXPECT_FALSE(f->Write(0, AsBytes("patch"), false).ok());
   EXPECT_FALSE(f->error().ok());
   EXPECT_FALSE(f->Write(8, AsBytes("more"), false).ok());
@@ -172,8 +195,10 @@ TEST_F(OpenInodeTest, FailedWriteIsStickyAndTheInodeKeepsItsContent) {
   MutableBytes span{reinterpret_cast<std::byte*>(buf.data()), buf.size()};
   ContentId content;
   EXPECT_FALSE(f->ReadPending(0, span, &content).ok());
+  const ContentId before = Committed(2).content;
   EXPECT_FALSE(f->Commit().ok());
-  EXPECT_EQ(Committed(2).content, 0u);
+  EXPECT_EQ(Committed(2).content, before);
+  std::filesystem::create_directories(dir_ / "later");
   f->TruncateForOpen();  // O_TRUNC starts over
   EXPECT_TRUE(f->error().ok());
   ASSERT_TRUE(f->Write(0, AsBytes("new"), false).ok());
@@ -181,14 +206,58 @@ TEST_F(OpenInodeTest, FailedWriteIsStickyAndTheInodeKeepsItsContent) {
   EXPECT_EQ(ReadContent(Committed(2).content, 3), "new");
 }
 
-TEST_F(OpenInodeTest, AppenderOfAMissingContentFailsTheWrite) {
+TEST_P(OpenInodeTest, AppenderOfAMissingContentFailsTheWrite) {
   auto f = Open(MakeInode(2, /*content=*/12345, /*size=*/3));
   EXPECT_FALSE(f->Write(3, AsBytes("more"), false).ok());
   EXPECT_TRUE(f->Commit().ok());  // nothing was accepted: nothing to commit
   EXPECT_EQ(Committed(2).content, 12345u);
 }
 
-TEST_F(OpenInodeTest, CommitOfADroppedInodeReleasesItsContent) {
+TEST_P(OpenInodeTest, ManySmallWritesThroughASmallBacklog) {
+  auto f = Open(MakeInode(2));
+  Buffer data = RandomBuffer(3 << 20, 7);
+  for (size_t off = 0; off < data.size(); off += 100000) {
+    const size_t n = std::min<size_t>(100000, data.size() - off);
+    ASSERT_TRUE(f->Write(off, data.bytes().subspan(off, n), false).ok());
+    // Reads see what was written at once, ingested or not.
+    EXPECT_EQ(ReadVisible(*f, off, n), Str(data).substr(off, n));
+  }
+  // All of it, across what was ingested (its spool pages punched out) and what was not.
+  EXPECT_EQ(ReadVisible(*f, 0, data.size()), Str(data));
+  ASSERT_TRUE(f->Commit().ok());
+  EXPECT_EQ(ReadContent(Committed(2).content, data.size()), Str(data));
+  EXPECT_EQ(backlog_ ? backlog_->used() : 0u, 0u);
+}
+
+TEST_P(OpenInodeTest, AnAppendersPatchReadsItsBaseAndSpool) {
+  auto f = Open(MakeInode(2));
+  Buffer data = RandomBuffer(2 << 20, 8);
+  ASSERT_TRUE(f->Write(0, data.bytes().first(1 << 20), false).ok());
+  ASSERT_TRUE(f->Commit().ok());
+  ASSERT_TRUE(f->Write(1 << 20, data.bytes().subspan(1 << 20), false).ok());
+  std::string expect = Str(data);
+  EXPECT_EQ(ReadVisible(*f, (1 << 20) - 5, 10), expect.substr((1 << 20) - 5, 10));
+  ASSERT_TRUE(f->Write(100, AsBytes("patch"), false).ok());
+  expect.replace(100, 5, "patch");
+  ASSERT_TRUE(f->Commit().ok());
+  EXPECT_EQ(ReadContent(Committed(2).content, expect.size()), expect);
+  EXPECT_EQ(backlog_ ? backlog_->used() : 0u, 0u);
+}
+
+TEST_P(OpenInodeTest, DroppingAnUncommittedFileReturnsItsBacklog) {
+  {
+    auto f = Open(MakeInode(2));
+    ASSERT_TRUE(f->Write(0, RandomBuffer(100000, 9).bytes(), false).ok());
+  }
+  // The Ingester may hold the file a little longer (and ingest it): then it goes.
+  for (int i = 0; i < 500 && backlog_ && backlog_->used() != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(backlog_ ? backlog_->used() : 0u, 0u);
+  EXPECT_EQ(Committed(2).content, 0u);
+}
+
+TEST_P(OpenInodeTest, CommitOfADroppedInodeReleasesItsContent) {
   auto f = Open(MakeInode(2));
   ASSERT_TRUE(f->Write(0, AsBytes("orphan"), false).ok());
   {

@@ -6,12 +6,15 @@
 # scripts/bench/fs_bench.py for what each row is, README.md and docs/fs.md for results.
 # About 5-8 minutes on 2 cores; needs root (FUSE, drop_caches, /sys/class/bdi) and ~12 GB free.
 #
-# Usage: scripts/bench/fs.sh [--runs N] [--dir DIR] [--no-tuning] [--json FILE] [--no-build]
+# Usage: scripts/bench/fs.sh [--runs N] [--dir DIR] [--no-tuning] [--spool-compare]
+#                            [--json FILE] [--no-build]
 #                            [--bin PATH]
 #   --runs N     runs per measurement, medians reported (default 3)
 #   --dir DIR    scratch directory on the disk to measure (default: new one under /var/tmp);
 #                everything written there is removed at the end
 #   --no-tuning  skip the writeback-cache, readahead and diagnostic rows (about half the time)
+#   --spool-compare  only the default mount and one with the write spool off (CKPTFS_SPOOL=0),
+#                no readahead/cache rows
 #   --json FILE  also write every raw measurement there
 #   --no-build   use build/ckptfs as it is (e.g. while someone else builds in build/)
 #   --bin PATH   measure this ckptfs binary instead of build/ckptfs (implies --no-build)
@@ -28,10 +31,12 @@ while [ $# -gt 0 ]; do
     --runs) runs="$2"; shift 2 ;;
     --dir) dir="$2"; shift 2 ;;
     --no-tuning) extra+=(--no-tuning); shift ;;
+    --spool-compare) extra+=(--spool-compare); shift ;;
     --json) extra+=(--json "$2"); shift 2 ;;
     --no-build) build=0; shift ;;
     --bin) bin="$2"; build=0; shift 2 ;;
-    *) echo "usage: $0 [--runs N] [--dir DIR] [--no-tuning] [--json FILE] [--no-build]" \
+    *) echo "usage: $0 [--runs N] [--dir DIR] [--no-tuning] [--spool-compare] [--json FILE]" \
+         "[--no-build]" \
          "[--bin PATH]" >&2
        exit 2 ;;
   esac

@@ -13,6 +13,10 @@ So after the crash and a fresh mount:
   - C, closed just before the crash but not fsynced, has either nothing (its commit had not
     run) or all of its bytes, nothing in between;
   - the store verifies clean and the filesystem keeps working.
+
+test_sigkill_during_ingest_from_the_spool: writes land in a spool and are ingested behind the
+writer (docs/fs.md). The daemon is killed while a file streams through its spool; files
+acknowledged meanwhile (fsync, `ckptfs sync`) must be intact after the crash.
 """
 import hashlib
 import multiprocessing
@@ -118,6 +122,61 @@ class CrashTest(mounted.MountedTestCase):
         self.remount()
         with open(d, "rb") as f:
             self.assertEqual(f.read(), a_bytes[::-1])
+        self.m.umount()
+        verify = mounted.ckptfs("verify", self.store)
+        self.assertIn("no problems", verify.stdout)
+
+
+    def test_sigkill_during_ingest_from_the_spool(self):
+        v = self.version_dir("global_step7")
+        e, f_, g = (os.path.join(v, n) for n in ("E.pt", "F.pt", "G.pt"))
+        F_BYTES = 1024 * MiB  # more than is written before the kill: F is open at the kill
+        ctx = multiprocessing.get_context("fork")
+        writer = ctx.Process(target=write_slowly, args=(f_, 5, F_BYTES, False))
+        e_bytes, g_bytes = payload(6, 48 * MiB + 5), payload(7, 24 * MiB + 1)
+        pid = self.m.pid
+        try:
+            writer.start()
+            self.assertTrue(mounted.wait_until(
+                lambda: os.path.exists(f_) and os.stat(f_).st_size >= 32 * MiB, 60),
+                "F did not get going")
+            # Acknowledged while F streams: fsync of E, then `ckptfs sync` after G's close.
+            with open(e, "wb") as f:
+                f.write(e_bytes)
+                os.fsync(f.fileno())
+            with open(g, "wb") as f:
+                f.write(g_bytes)
+            os.setxattr(self.mnt, "user.ckptfs.sync", b"1")
+            # F is still being written: its bytes go through a spool (an unnamed file in the
+            # store's staging directory) that the daemon holds open.
+            self.assertTrue(writer.is_alive(), "F finished before the kill")
+            spools = [fd for fd in os.listdir("/proc/%d/fd" % pid)
+                      if "/staging/" in os.readlink("/proc/%d/fd/%s" % (pid, fd))]
+            self.assertTrue(spools, "no spool open while F is written")
+            size_at_kill = os.stat(f_).st_size
+            self.m.kill_daemon()
+            self.assertFalse(mounted.pid_alive(pid))
+            writer.join(60)
+            self.assertFalse(writer.is_alive(), "the writer hangs on the dead mount")
+        finally:
+            if writer.is_alive():
+                writer.kill()
+                writer.join()
+        print("F was %d bytes at the kill" % size_at_kill, file=sys.stderr)
+
+        self.m.mount()
+        with open(e, "rb") as f:
+            self.assertEqual(f.read(), e_bytes, "E was fsynced before the crash")
+        with open(g, "rb") as f:
+            self.assertEqual(f.read(), g_bytes, "G was synced before the crash")
+        size = os.stat(f_).st_size
+        print("F after the crash: %d bytes" % size, file=sys.stderr)
+        self.assertLess(size, F_BYTES)
+        with open(f_, "rb") as f:
+            got = f.read()
+        block = payload(5, MiB)
+        self.assertEqual(got, (block * (size // MiB + 2))[:size],
+                         "F holds bytes that were never written there")
         self.m.umount()
         verify = mounted.ckptfs("verify", self.store)
         self.assertIn("no problems", verify.stdout)
