@@ -148,11 +148,18 @@ class CrashTest(mounted.MountedTestCase):
                 f.write(g_bytes)
             os.setxattr(self.mnt, "user.ckptfs.sync", b"1")
             # F is still being written: its bytes go through a spool (an unnamed file in the
-            # store's staging directory) that the daemon holds open.
+            # store's staging directory) that the daemon holds open. The sync committed F and
+            # closed its spool; F's next write opens a new one.
+            def spool_open():
+                for fd in os.listdir("/proc/%d/fd" % pid):
+                    try:
+                        if "/staging/" in os.readlink("/proc/%d/fd/%s" % (pid, fd)):
+                            return True
+                    except FileNotFoundError:  # closed meanwhile
+                        pass
+                return False
+            self.assertTrue(mounted.wait_until(spool_open, 30), "no spool open while F is written")
             self.assertTrue(writer.is_alive(), "F finished before the kill")
-            spools = [fd for fd in os.listdir("/proc/%d/fd" % pid)
-                      if "/staging/" in os.readlink("/proc/%d/fd/%s" % (pid, fd))]
-            self.assertTrue(spools, "no spool open while F is written")
             size_at_kill = os.stat(f_).st_size
             self.m.kill_daemon()
             self.assertFalse(mounted.pid_alive(pid))
