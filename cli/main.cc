@@ -140,11 +140,12 @@ int Gc(const std::string& dir, double rewrite_below) {
   for (const auto& s : report->skipped) std::printf("skipped %s\n", s.c_str());
   std::printf(
       "gc: dropped %llu chunks, stored %llu deltas whole, moved %llu records, deleted %llu "
-      "packs; pack bytes %llu -> %llu\n",
+      "packs, freed %llu bytes in place; pack bytes %llu -> %llu\n",
       static_cast<unsigned long long>(report->chunks_dropped),
       static_cast<unsigned long long>(report->deltas_rematerialized),
       static_cast<unsigned long long>(report->records_moved),
       static_cast<unsigned long long>(report->packs_deleted),
+      static_cast<unsigned long long>(report->pack_bytes_punched),
       static_cast<unsigned long long>(report->pack_bytes_before),
       static_cast<unsigned long long>(report->pack_bytes_after));
   return 0;

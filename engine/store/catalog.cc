@@ -1,5 +1,7 @@
 #include "engine/store/catalog.h"
 
+#include <spdlog/spdlog.h>
+
 #include <cstring>
 #include <vector>
 
@@ -132,7 +134,8 @@ Status LmdbDel(MDB_txn* txn, MDB_dbi dbi, MDB_val key) {
 
 }  // namespace
 
-Result<std::unique_ptr<Catalog>> Catalog::Open(const std::filesystem::path& dir) {
+Result<std::unique_ptr<Catalog>> Catalog::Open(const std::filesystem::path& dir,
+                                               uint64_t reserve_bytes) {
   std::unique_ptr<Catalog> c(new Catalog());
   c->dir_ = dir;
   std::error_code ec;
@@ -167,8 +170,35 @@ Result<std::unique_ptr<Catalog>> Catalog::Open(const std::filesystem::path& dir)
   }
   rc = mdb_txn_commit(txn);
   if (rc != 0) return LmdbError(rc, "commit");
+  c->reserve_ = std::make_unique<SpaceReserve>(dir / "reserve", reserve_bytes);
+  if (Status st = c->reserve_->Refill(); !st.ok()) {
+    spdlog::warn("no space reserve: {}; deleting versions on a full disk may fail", st.ToString());
+  }
   return c;
 }
+
+Status Catalog::Update(SpaceUse use, const std::function<Status(WriteTxn&)>& body) {
+  auto change = [&]() -> Status {
+    CKPTFS_ASSIGN_OR_RETURN(WriteTxn txn, BeginWrite());
+    CKPTFS_RETURN_IF_ERROR(body(txn));
+    return txn.Commit();
+  };
+  return use == SpaceUse::kFreesSpace ? FreeingSpace(change) : change();
+}
+
+Status Catalog::FreeingSpace(const std::function<Status()>& change) {
+  Status st = change();
+  if (st.IsNoSpace() && reserve_->Release()) {
+    spdlog::warn(
+        "disk full: released the {} MiB space reserve to delete; run `ckptfs gc` to "
+        "free the space of deleted versions",
+        reserve_->bytes() >> 20);
+    st = change();
+  }
+  return st;
+}
+
+Status Catalog::RefillReserve() { return reserve_->Refill(); }
 
 Catalog::~Catalog() {
   if (env_ != nullptr) mdb_env_close(env_);

@@ -18,6 +18,11 @@
 //
 // Transactions: any number of readers (MVCC snapshots, usable from any thread) and one writer
 // at a time; a WriteTxn that is not committed aborts when destroyed. Commit() is durable.
+//
+// Full disk: the catalog keeps a space reserve (space_reserve.h, the file `reserve` in its
+// directory). Changes that let the user make room (deleting a version or a content, gc) go
+// through Update(SpaceUse::kFreesSpace, ...), which releases the reserve and tries once more
+// when the disk is full; RefillReserve() takes it again once there is room.
 #pragma once
 
 #include <lmdb.h>
@@ -32,6 +37,7 @@
 #include "engine/codec/codec.h"
 #include "engine/codec/piece_codec.h"
 #include "engine/hash/chunk_id.h"
+#include "engine/store/space_reserve.h"
 #include "engine/util/status.h"
 
 namespace ckptfs {
@@ -77,8 +83,10 @@ struct ChunkRef {
 
 class Catalog {
  public:
-  // Opens (creating if needed) the LMDB environment in `dir`.
-  static Result<std::unique_ptr<Catalog>> Open(const std::filesystem::path& dir);
+  // Opens (creating if needed) the LMDB environment in `dir`, with a space reserve of
+  // reserve_bytes (0: none) that it takes now if the disk has room.
+  static Result<std::unique_ptr<Catalog>> Open(const std::filesystem::path& dir,
+                                               uint64_t reserve_bytes = 0);
   ~Catalog();
   Catalog(const Catalog&) = delete;
   Catalog& operator=(const Catalog&) = delete;
@@ -89,6 +97,26 @@ class Catalog {
   // Blocks while another write transaction is open.
   Result<WriteTxn> BeginWrite();
 
+  enum class SpaceUse {
+    kNormal,      // may fail with NoSpace on a full disk
+    kFreesSpace,  // a delete: succeeds on a full disk, using the space reserve
+  };
+  // Runs `body` in a new write transaction and commits it. With kFreesSpace, a NoSpace from
+  // the body or the commit releases the space reserve and runs body once more in a fresh
+  // transaction. REQUIRES: body changes nothing but the transaction (it may run twice).
+  //
+  //   CKPTFS_RETURN_IF_ERROR(catalog.Update(Catalog::SpaceUse::kFreesSpace,
+  //                                         [&](Catalog::WriteTxn& txn) { return ...; }));
+  Status Update(SpaceUse use, const std::function<Status(WriteTxn&)>& body);
+  // The same for a change that begins and commits its own write transaction (when it must
+  // hold a lock of its own until the commit): runs it once more, after releasing the space
+  // reserve, if it fails with NoSpace. REQUIRES: change may run twice.
+  Status FreeingSpace(const std::function<Status()>& change);
+  // Takes the space reserve again after it was released, if the disk has room (NoSpace if
+  // not). Called after gc has freed space.
+  Status RefillReserve();
+  bool reserve_held() const { return reserve_ && reserve_->held(); }
+
  private:
   struct Tables {
     MDB_dbi chunks, packs, contents, content_chunks, names, meta;
@@ -96,6 +124,7 @@ class Catalog {
   };
   Catalog() = default;
   MDB_env* env_ = nullptr;
+  std::unique_ptr<SpaceReserve> reserve_;
   Tables t_{};
   std::filesystem::path dir_;
 };

@@ -1,14 +1,19 @@
 // Store::Gc: drops unreferenced chunks (and then the delta bases only they referred to), stores
 // whole again the deltas whose bases only deltas refer to (so that deleting old versions frees
-// their chains), then rewrites packs whose live fraction is low.
+// their chains), gives dead records' blocks back in place (holes), then rewrites packs whose
+// live fraction is low.
 //
 // Crash safety: every step is one catalog transaction. Copies of live records are appended
 // and synced before the transaction that points the chunks at them; a victim pack file is
 // unlinked only after the transaction that forgets it. Killed at any point, the store opens
 // consistent: uncommitted copies are cut as a pack tail, a forgotten pack file is deleted.
+#include <fcntl.h>
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <map>
 #include <set>
 #include <unordered_map>
@@ -27,14 +32,16 @@ Result<GcReport> Store::Gc(const GcOptions& options) {
   {
     std::unique_lock gc(gc_mu_);
     std::lock_guard lock(mu_);
-    CKPTFS_ASSIGN_OR_RETURN(auto txn, catalog_->BeginWrite());
-    std::vector<ChunkId> dead;
-    CKPTFS_RETURN_IF_ERROR(txn.ForEachChunk([&](const ChunkId& id, const ChunkRow& row) {
-      if (row.refcount == 0 && pinned_.count(id) == 0) dead.push_back(id);
-      return true;
-    }));
-    CKPTFS_RETURN_IF_ERROR(DropChunksInTxn(txn, std::move(dead), &report));
-    CKPTFS_RETURN_IF_ERROR(txn.Commit());
+    CKPTFS_RETURN_IF_ERROR(
+        catalog_->Update(Catalog::SpaceUse::kFreesSpace, [&](Catalog::WriteTxn& txn) {
+          report.chunks_dropped = 0;  // counted again if the transaction runs twice
+          std::vector<ChunkId> dead;
+          CKPTFS_RETURN_IF_ERROR(txn.ForEachChunk([&](const ChunkId& id, const ChunkRow& row) {
+            if (row.refcount == 0 && pinned_.count(id) == 0) dead.push_back(id);
+            return true;
+          }));
+          return DropChunksInTxn(txn, std::move(dead), &report);
+        }));
   }
 
   // 1b. Bases that only deltas still refer to (their versions were deleted): the deltas on
@@ -48,14 +55,18 @@ Result<GcReport> Store::Gc(const GcOptions& options) {
   // (before a writer's record or a gc copy can land in it).
   std::map<uint32_t, std::vector<std::pair<ChunkId, ChunkRow>>> live;
   std::vector<uint32_t> victims;
+  std::map<uint32_t, uint64_t> committed;
+  std::map<uint32_t, std::vector<std::pair<uint64_t, uint64_t>>> in_use;  // record extents
   {
     std::unique_lock gc(gc_mu_);
     std::set<uint32_t> busy;
     {
       std::lock_guard lock(mu_);
-      for (const auto& [id, pinned] : pinned_) busy.insert(pinned.row.pack_id);
+      for (const auto& [id, pinned] : pinned_) {
+        busy.insert(pinned.row.pack_id);
+        in_use[pinned.row.pack_id].emplace_back(pinned.row.offset, pinned.row.length);
+      }
     }
-    std::map<uint32_t, uint64_t> committed;
     CKPTFS_ASSIGN_OR_RETURN(auto txn, catalog_->BeginRead());
     CKPTFS_RETURN_IF_ERROR(txn.ForEachPack([&](uint32_t id, const PackRow& row) {
       committed[id] = row.committed;
@@ -63,6 +74,7 @@ Result<GcReport> Store::Gc(const GcOptions& options) {
     }));
     CKPTFS_RETURN_IF_ERROR(txn.ForEachChunk([&](const ChunkId& id, const ChunkRow& row) {
       live[row.pack_id].emplace_back(id, row);
+      in_use[row.pack_id].emplace_back(row.offset, row.length);
       return true;
     }));
     for (const auto& [pack_id, length] : committed) {
@@ -77,11 +89,35 @@ Result<GcReport> Store::Gc(const GcOptions& options) {
       }
       victims.push_back(pack_id);
     }
-    if (std::count(victims.begin(), victims.end(), packs_->active_pack_id()) != 0) {
-      CKPTFS_RETURN_IF_ERROR(packs_->Rotate());
+    auto active = std::find(victims.begin(), victims.end(), packs_->active_pack_id());
+    if (active != victims.end()) {
+      Status rotated = packs_->Rotate();
+      if (rotated.IsNoSpace()) {  // no room for a new pack: the active one stays
+        report.skipped.push_back(PackFileName(*active) + ": no room for a new pack to write to");
+        victims.erase(active);
+      } else {
+        CKPTFS_RETURN_IF_ERROR(rotated);
+      }
     }
   }
-  // 3. Rewrite them.
+
+  // 2b. Dead records give their blocks back where they lie (holes punched between the records
+  // in use), which needs no room for copies: on a full disk this is what frees the space of
+  // deleted versions whose records share packs with live ones. Ranges below a pack's committed
+  // length that no row or pin pointed at in the snapshot above stay dead: records are only
+  // ever appended at a pack's end.
+  for (const auto& [pack_id, length] : committed) {
+    PunchDeadRanges(pack_id, length, std::move(in_use[pack_id]), &report);
+  }
+  // 3. Rewrite them, emptiest first: a dead pack is deleted without copying anything, so on a
+  // full disk those free the space that the copies of the others need.
+  auto live_bytes = [&](uint32_t pack_id) {
+    uint64_t bytes = 0;
+    for (const auto& entry : live[pack_id]) bytes += entry.second.length;
+    return bytes;
+  };
+  std::stable_sort(victims.begin(), victims.end(),
+                   [&](uint32_t a, uint32_t b) { return live_bytes(a) < live_bytes(b); });
   for (uint32_t pack_id : victims) {
     Status s = RewritePack(pack_id, live[pack_id], options, &report);
     if (!s.ok()) {
@@ -89,15 +125,27 @@ Result<GcReport> Store::Gc(const GcOptions& options) {
         report.skipped.push_back(PackFileName(pack_id) + ": " + s.message());
         continue;
       }
+      if (s.IsNoSpace()) {
+        report.skipped.push_back(PackFileName(pack_id) +
+                                 ": no room to copy its live records (delete more versions, "
+                                 "then run gc again)");
+        continue;
+      }
       return s;
     }
   }
   report.pack_bytes_after = PackBytesOnDisk();
+  if (!catalog_->reserve_held()) {
+    Status refill = catalog_->RefillReserve();
+    if (!refill.ok())
+      spdlog::warn("gc: the space reserve is still released: {}", refill.ToString());
+  }
   spdlog::info(
-      "gc: dropped {} chunks, stored {} deltas whole, moved {} records, deleted {} packs, {} -> "
-      "{} bytes",
+      "gc: dropped {} chunks, stored {} deltas whole, moved {} records, deleted {} packs, freed "
+      "{} bytes in place, {} -> {} bytes",
       report.chunks_dropped, report.deltas_rematerialized, report.records_moved,
-      report.packs_deleted, report.pack_bytes_before, report.pack_bytes_after);
+      report.packs_deleted, report.pack_bytes_punched, report.pack_bytes_before,
+      report.pack_bytes_after);
   return report;
 }
 
@@ -239,26 +287,67 @@ Status Store::RewritePack(uint32_t pack_id, const std::vector<std::pair<ChunkId,
       }
     }
   }
-  CKPTFS_ASSIGN_OR_RETURN(auto txn, catalog_->BeginWrite());
-  std::map<uint32_t, uint64_t> pack_ends;
-  for (const auto& [id, loc] : moved) {
-    CKPTFS_ASSIGN_OR_RETURN(std::optional<ChunkRow> row, txn.GetChunk(id));
-    if (!row || row->pack_id != pack_id) continue;
-    row->pack_id = loc.pack_id;
-    row->offset = loc.offset;
-    CKPTFS_RETURN_IF_ERROR(txn.PutChunk(id, *row));
-    uint64_t& end = pack_ends[loc.pack_id];
-    end = std::max(end, loc.offset + loc.length);
-  }
-  for (const auto& [id, end] : pack_ends) {
-    CKPTFS_ASSIGN_OR_RETURN(std::optional<PackRow> row, txn.GetPack(id));
-    CKPTFS_RETURN_IF_ERROR(txn.PutPack(id, PackRow{std::max(row ? row->committed : 0, end)}));
-  }
-  CKPTFS_RETURN_IF_ERROR(txn.DeletePack(pack_id));
-  CKPTFS_RETURN_IF_ERROR(txn.Commit());
+  CKPTFS_RETURN_IF_ERROR(
+      catalog_->Update(Catalog::SpaceUse::kFreesSpace, [&](Catalog::WriteTxn& txn) {
+        std::map<uint32_t, uint64_t> pack_ends;
+        for (const auto& [id, loc] : moved) {
+          CKPTFS_ASSIGN_OR_RETURN(std::optional<ChunkRow> row, txn.GetChunk(id));
+          if (!row || row->pack_id != pack_id) continue;
+          row->pack_id = loc.pack_id;
+          row->offset = loc.offset;
+          CKPTFS_RETURN_IF_ERROR(txn.PutChunk(id, *row));
+          uint64_t& end = pack_ends[loc.pack_id];
+          end = std::max(end, loc.offset + loc.length);
+        }
+        for (const auto& [id, end] : pack_ends) {
+          CKPTFS_ASSIGN_OR_RETURN(std::optional<PackRow> row, txn.GetPack(id));
+          CKPTFS_RETURN_IF_ERROR(txn.PutPack(id, PackRow{std::max(row ? row->committed : 0, end)}));
+        }
+        return txn.DeletePack(pack_id);
+      }));
   report->records_moved += moved.size();
   ++report->packs_deleted;
   return DeletePackFile(pack_id);
+}
+
+void Store::PunchDeadRanges(uint32_t pack_id, uint64_t committed,
+                            std::vector<std::pair<uint64_t, uint64_t>> in_use, GcReport* report) {
+  constexpr uint64_t kMinDeadBytes = 1u << 20;  // not worth the syscalls below this
+  constexpr uint64_t kBlock = 4096;
+  uint64_t used = kPackHeaderBytes;
+  for (const auto& extent : in_use) used += extent.second;
+  if (committed < used + kMinDeadBytes) return;
+  std::sort(in_use.begin(), in_use.end());
+  const std::filesystem::path path = PackPath(pack_id);
+  auto fd = OpenFile(path, O_WRONLY | O_CLOEXEC);
+  if (!fd.ok()) {
+    report->skipped.push_back(PackFileName(pack_id) + ": " + fd.status().message());
+    return;
+  }
+  auto allocated = [&]() -> uint64_t {
+    struct stat st {};
+    return ::fstat(fd->get(), &st) == 0 ? static_cast<uint64_t>(st.st_blocks) * 512 : 0;
+  };
+  const uint64_t before = allocated();
+  uint64_t from = kPackHeaderBytes;   // start of the current gap
+  in_use.emplace_back(committed, 0);  // the gap before the committed end
+  for (const auto& [offset, length] : in_use) {
+    const uint64_t start = (from + kBlock - 1) / kBlock * kBlock;
+    const uint64_t end = std::min(offset, committed) / kBlock * kBlock;
+    if (end > start &&
+        ::fallocate(fd->get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                    static_cast<off_t>(start), static_cast<off_t>(end - start)) != 0) {
+      // EOPNOTSUPP: a filesystem without holes; gc then frees space only by rewriting packs.
+      if (errno != EOPNOTSUPP) {
+        report->skipped.push_back(PackFileName(pack_id) +
+                                  ": punching a hole failed: " + std::strerror(errno));
+      }
+      break;
+    }
+    from = std::max(from, offset + length);
+  }
+  const uint64_t after = allocated();
+  if (before > after) report->pack_bytes_punched += before - after;
 }
 
 }  // namespace ckptfs

@@ -3,8 +3,10 @@
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -128,7 +130,8 @@ Result<std::unique_ptr<Store>> Store::Open(const std::filesystem::path& dir,
   (void)PWriteFull(store->lock_fd_.get(), 0, AsBytes(pid), dir / "LOCK");
 
   CKPTFS_ASSIGN_OR_RETURN(store->options_.chunking, LoadConfig(dir, options, !exists));
-  CKPTFS_ASSIGN_OR_RETURN(store->catalog_, Catalog::Open(dir / "catalog"));
+  CKPTFS_ASSIGN_OR_RETURN(store->catalog_,
+                          Catalog::Open(dir / "catalog", options.space_reserve_bytes));
   store->reader_ =
       std::make_unique<ChunkReader>(dir / "packs", store->catalog_.get(), &store->cache_);
   CKPTFS_RETURN_IF_ERROR(store->Recover());
@@ -511,9 +514,8 @@ Status Store::ReleaseInTxn(Catalog::WriteTxn& txn, ContentId id) {
 }
 
 Status Store::Release(ContentId id) {
-  CKPTFS_ASSIGN_OR_RETURN(auto txn, catalog_->BeginWrite());
-  CKPTFS_RETURN_IF_ERROR(ReleaseInTxn(txn, id));
-  return txn.Commit();
+  return catalog_->Update(Catalog::SpaceUse::kFreesSpace,
+                          [&](Catalog::WriteTxn& txn) { return ReleaseInTxn(txn, id); });
 }
 
 Status Store::BindNameInTxn(Catalog::WriteTxn& txn, std::string_view name, ContentId id) {
@@ -530,12 +532,12 @@ Result<ContentId> Store::LookupName(std::string_view name) const {
 }
 
 Status Store::RemoveName(std::string_view name) {
-  CKPTFS_ASSIGN_OR_RETURN(auto txn, catalog_->BeginWrite());
-  CKPTFS_ASSIGN_OR_RETURN(std::optional<ContentId> id, txn.GetName(name));
-  if (!id) return Status::NotFound("no content is named '" + std::string(name) + "'");
-  CKPTFS_RETURN_IF_ERROR(ReleaseInTxn(txn, *id));
-  CKPTFS_RETURN_IF_ERROR(txn.DeleteName(name));
-  return txn.Commit();
+  return catalog_->Update(Catalog::SpaceUse::kFreesSpace, [&](Catalog::WriteTxn& txn) {
+    CKPTFS_ASSIGN_OR_RETURN(std::optional<ContentId> id, txn.GetName(name));
+    if (!id) return Status::NotFound("no content is named '" + std::string(name) + "'");
+    CKPTFS_RETURN_IF_ERROR(ReleaseInTxn(txn, *id));
+    return txn.DeleteName(name);
+  });
 }
 
 uint64_t Store::PackBytesOnDisk() const {
@@ -544,10 +546,12 @@ uint64_t Store::PackBytesOnDisk() const {
   for (std::filesystem::directory_iterator it(dir_ / "packs", ec), end; !ec && it != end;
        it.increment(ec)) {
     uint32_t id;
-    std::error_code size_ec;
-    if (ParsePackFileName(it->path().filename().string(), &id)) {
-      uint64_t size = it->file_size(size_ec);
-      if (!size_ec) total += size;
+    struct stat st {};
+    if (ParsePackFileName(it->path().filename().string(), &id) &&
+        ::stat(it->path().c_str(), &st) == 0) {
+      // The file's length, less the holes gc punched (allocated blocks, when fewer).
+      total +=
+          std::min(static_cast<uint64_t>(st.st_size), static_cast<uint64_t>(st.st_blocks) * 512);
     }
   }
   return total;

@@ -76,6 +76,9 @@ struct StoreOptions {
   size_t cache_bytes = 256u << 20;    // decoded-chunk cache
   size_t inflight_bytes = 64u << 20;  // raw bytes queued for hashing/compression, all writers
   int worker_threads = 0;             // 0: one per CPU
+  // Disk space held back so that versions can still be deleted (and gc run) on a full disk
+  // (catalog.h, space_reserve.h). 0: none.
+  uint64_t space_reserve_bytes = 32ull << 20;
   bool use_io_uring = true;
 };
 
@@ -85,7 +88,7 @@ struct StoreStats {
   uint64_t chunks = 0;         // distinct chunks
   uint64_t chunk_bytes = 0;    // raw bytes of distinct chunks
   uint64_t record_bytes = 0;   // stored bytes of those chunks' records
-  uint64_t pack_bytes = 0;     // pack files on disk
+  uint64_t pack_bytes = 0;     // pack files on disk (allocated: holes gc punched not counted)
   uint64_t packs = 0;
   uint64_t chunks_by_transform[4] = {};  // indexed by Transform: plain, planes, xor, sub
   uint32_t max_depth = 0;                // the longest delta chain
@@ -112,6 +115,7 @@ struct GcReport {
   uint64_t packs_deleted = 0;
   uint64_t records_moved = 0;
   uint64_t deltas_rematerialized = 0;  // deltas stored whole again: their bases went
+  uint64_t pack_bytes_punched = 0;     // dead records' blocks given back in place (holes)
   uint64_t pack_bytes_before = 0;
   uint64_t pack_bytes_after = 0;
   std::vector<std::string> skipped;  // packs left alone, and why
@@ -240,6 +244,11 @@ class Store {
   Status RewritePack(uint32_t pack_id, const std::vector<std::pair<ChunkId, ChunkRow>>& live,
                      const GcOptions& options, GcReport* report);
   Status DeletePackFile(uint32_t pack_id);
+  // Punches holes in the pack over [kPackHeaderBytes, committed) less the extents in_use
+  // ({offset, length} of every record a row or pin points at). REQUIRES: in_use is complete
+  // for a snapshot taken under gc_mu_ exclusive (gc.cc).
+  void PunchDeadRanges(uint32_t pack_id, uint64_t committed,
+                       std::vector<std::pair<uint64_t, uint64_t>> in_use, GcReport* report);
   // Deletes `dead` chunk rows and, in turn, the delta bases they held the last reference to.
   // REQUIRES: gc_mu_ exclusive and mu_ held.
   Status DropChunksInTxn(Catalog::WriteTxn& txn, std::vector<ChunkId> dead, GcReport* report);

@@ -191,6 +191,11 @@ def cleanup_root(root):
                     force_unmount(os.path.join(root, name[:-len(".daemon-pid")]), int(f.read()))
             except (OSError, ValueError):
                 pass
+    # Other filesystems a test mounted there (a small loop-device disk), deepest first.
+    with open("/proc/self/mountinfo") as f:
+        others = [line.split(" ")[4].replace("\\040", " ") for line in f]
+    for point in sorted((p for p in others if p.startswith(root + "/")), reverse=True):
+        run(["umount", "-l", point], check=False, timeout=60)
     shutil.rmtree(root, ignore_errors=True)
 
 
