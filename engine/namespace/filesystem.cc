@@ -440,23 +440,53 @@ Result<std::pair<Inode, uint64_t>> FileSystem::Create(Ino parent, std::string_vi
 
 Result<size_t> FileSystem::Read(uint64_t fh, uint64_t offset, MutableBytes out) {
   if (IsViewHandle(fh)) return ViewRead(fh, offset, out);  // views.cc
-  CKPTFS_ASSIGN_OR_RETURN(Handle h, GetHandle(fh));
-  return ReadOnce(h, offset, out, 0);
+  std::vector<ChunkSlice> slices;
+  CKPTFS_ASSIGN_OR_RETURN(size_t n, ReadSlices(fh, offset, out.size(), &slices));
+  size_t done = 0;
+  for (const ChunkSlice& slice : slices) {
+    std::memcpy(out.data() + done, slice.bytes().data(), slice.length);
+    done += slice.length;
+  }
+  return n;
 }
 
-Result<size_t> FileSystem::ReadOnce(const Handle& h, uint64_t offset, MutableBytes out,
-                                    int attempt) {
+Result<size_t> FileSystem::ReadSlices(uint64_t fh, uint64_t offset, size_t length,
+                                      std::vector<ChunkSlice>* out) {
+  if (IsViewHandle(fh)) {
+    Buffer buf(length);
+    CKPTFS_ASSIGN_OR_RETURN(size_t n, ViewRead(fh, offset, buf.mutable_bytes()));  // views.cc
+    if (n > 0) out->push_back(ChunkSlice{std::make_shared<const Buffer>(std::move(buf)), 0, n});
+    return n;
+  }
+  CKPTFS_ASSIGN_OR_RETURN(Handle h, GetHandle(fh));
+  return ReadOnce(h, offset, length, out, 0);
+}
+
+Result<size_t> FileSystem::ReadOnce(const Handle& h, uint64_t offset, size_t length,
+                                    std::vector<ChunkSlice>* out, int attempt) {
   ContentId content = 0;
-  {
-    CKPTFS_ASSIGN_OR_RETURN(std::optional<size_t> pending,
-                            h.file->ReadPending(offset, out, &content));
-    if (pending) return *pending;
+  // First without a buffer: a clean file with a content (the common case) needs none.
+  MutableBytes probe;
+  CKPTFS_ASSIGN_OR_RETURN(std::optional<size_t> pending,
+                          h.file->ReadPending(offset, probe, &content));
+  if (pending || content == 0) {
+    // Past the end, bytes not (only) in the store, or zeros: into a buffer of their own.
+    Buffer buf(length);
+    MutableBytes into = buf.mutable_bytes();  // clamped to the file's size
+    CKPTFS_ASSIGN_OR_RETURN(pending, h.file->ReadPending(offset, into, &content));
+    if (!pending && content == 0) {
+      std::memset(into.data(), 0, into.size());
+      pending = into.size();
+    }
+    if (pending) {
+      if (*pending > 0) {
+        out->push_back(ChunkSlice{std::make_shared<const Buffer>(std::move(buf)), 0, *pending});
+      }
+      return *pending;
+    }
+    // Committed meanwhile: clean now, read from the store below.
   }
   // A clean file reads straight from the store, without holding the file's lock.
-  if (content == 0) {
-    std::memset(out.data(), 0, out.size());
-    return out.size();
-  }
   std::shared_ptr<ContentReader> reader;
   {
     std::lock_guard lock(h.read_ahead->mu);
@@ -466,10 +496,12 @@ Result<size_t> FileSystem::ReadOnce(const Handle& h, uint64_t offset, MutableByt
     }
     reader = h.read_ahead->reader;
   }
-  Result<size_t> n = reader->Read(offset, out);
+  const size_t first = out->size();
+  Result<size_t> n = reader->ReadSlices(offset, length, out);
   if (!n.ok() && n.status().IsNotFound() && attempt == 0) {
     // A commit replaced (and released) the content after we looked: read the new one.
-    return ReadOnce(h, offset, out, attempt + 1);
+    out->resize(first);
+    return ReadOnce(h, offset, length, out, attempt + 1);
   }
   return n;
 }

@@ -118,6 +118,11 @@ class FileSystem {
                                             int flags, const Caller& caller);
   Result<uint64_t> Open(Ino ino, int flags);
   Result<size_t> Read(uint64_t fh, uint64_t offset, MutableBytes out);
+  // Read without a copy: appends slices holding up to `length` bytes at offset (shared decoded
+  // chunks where the file is clean; else one buffer the bytes were read into); returns their
+  // total. The slices keep their bytes alive (a FUSE reply is sent straight from them).
+  Result<size_t> ReadSlices(uint64_t fh, uint64_t offset, size_t length,
+                            std::vector<ChunkSlice>* out);
   Status Write(uint64_t fh, uint64_t offset, Bytes data);
   // Reports an error that a write of this file already hit; does not wait for durability.
   Status Flush(uint64_t fh);
@@ -200,7 +205,8 @@ class FileSystem {
   Result<std::shared_ptr<OpenInode>> OpenInodeFor(Ino ino);
   Result<uint64_t> AddHandle(std::shared_ptr<OpenInode> file, int flags);
   Result<Handle> GetHandle(uint64_t fh);
-  Result<size_t> ReadOnce(const Handle& h, uint64_t offset, MutableBytes out, int attempt);
+  Result<size_t> ReadOnce(const Handle& h, uint64_t offset, size_t length,
+                          std::vector<ChunkSlice>* out, int attempt);
   // A writer for a new content of `ino`, with the same path in the previous version (the
   // version created before ino's) as its delta reference.
   std::unique_ptr<ContentWriter> NewFileWriter(OpenInode& f);

@@ -4,30 +4,45 @@ namespace ckptfs {
 
 ChunkCache::ChunkCache(size_t capacity_bytes) : capacity_(capacity_bytes), shards_(kShards) {}
 
-std::shared_ptr<const Buffer> ChunkCache::Lookup(const ChunkId& id) {
+std::shared_ptr<const Buffer> ChunkCache::Lookup(const ChunkId& id, bool streamed) {
   Shard& s = ShardFor(id);
   std::lock_guard lock(s.mu);
   auto it = s.index.find(id);
   if (it == s.index.end()) return nullptr;
   s.lru.splice(s.lru.begin(), s.lru, it->second);
-  return it->second->second;
+  if (!streamed) it->second->streamed = false;
+  return it->second->chunk;
 }
 
-void ChunkCache::Insert(const ChunkId& id, std::shared_ptr<const Buffer> chunk) {
+void ChunkCache::Insert(const ChunkId& id, std::shared_ptr<const Buffer> chunk, bool streamed) {
   const size_t shard_capacity = capacity_ / kShards;
   if (chunk->size() > shard_capacity) return;
   Shard& s = ShardFor(id);
   std::lock_guard lock(s.mu);
-  if (s.index.count(id) != 0) return;
+  auto it = s.index.find(id);
+  if (it != s.index.end()) {
+    if (!streamed) it->second->streamed = false;
+    return;
+  }
   s.bytes += chunk->size();
-  s.lru.emplace_front(id, std::move(chunk));
+  s.lru.push_front(Shard::Entry{id, std::move(chunk), streamed});
   s.index[id] = s.lru.begin();
   while (s.bytes > shard_capacity) {
     auto& victim = s.lru.back();
-    s.bytes -= victim.second->size();
-    s.index.erase(victim.first);
+    s.bytes -= victim.chunk->size();
+    s.index.erase(victim.id);
     s.lru.pop_back();
   }
+}
+
+void ChunkCache::DropStreamed(const ChunkId& id) {
+  Shard& s = ShardFor(id);
+  std::lock_guard lock(s.mu);
+  auto it = s.index.find(id);
+  if (it == s.index.end() || !it->second->streamed) return;
+  s.bytes -= it->second->chunk->size();
+  s.lru.erase(it->second);
+  s.index.erase(it);
 }
 
 size_t ChunkCache::size_bytes() const {

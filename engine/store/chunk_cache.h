@@ -7,6 +7,11 @@
 //   if (auto hit = cache.Lookup(id)) return Copy(*hit);
 //   cache.Insert(id, std::make_shared<const Buffer>(std::move(decoded)));
 //
+// Scan resistance: a sequential reader inserts its chunks as *streamed* entries and drops them
+// (DropStreamed) once it has read past them, so a file read once from start to end never
+// evicts the cache nor fills it (the kernel's page cache keeps what it read anyway). Any
+// other lookup of a streamed entry makes it an ordinary one, which DropStreamed leaves alone.
+//
 // Thread-safe. A capacity of 0 disables caching.
 #pragma once
 
@@ -26,14 +31,21 @@ class ChunkCache {
  public:
   explicit ChunkCache(size_t capacity_bytes);
 
-  std::shared_ptr<const Buffer> Lookup(const ChunkId& id);
-  void Insert(const ChunkId& id, std::shared_ptr<const Buffer> chunk);
+  // streamed: the caller is a sequential reader, whose hit does not make the entry ordinary.
+  std::shared_ptr<const Buffer> Lookup(const ChunkId& id, bool streamed = false);
+  void Insert(const ChunkId& id, std::shared_ptr<const Buffer> chunk, bool streamed = false);
+  // Removes the entry if it is still a streamed one.
+  void DropStreamed(const ChunkId& id);
   size_t size_bytes() const;
 
  private:
   static constexpr size_t kShards = 16;
   struct Shard {
-    using Entry = std::pair<ChunkId, std::shared_ptr<const Buffer>>;
+    struct Entry {
+      ChunkId id;
+      std::shared_ptr<const Buffer> chunk;
+      bool streamed;
+    };
     mutable std::mutex mu;
     std::list<Entry> lru;  // front: most recent
     std::unordered_map<ChunkId, std::list<Entry>::iterator> index;

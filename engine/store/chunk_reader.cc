@@ -98,8 +98,9 @@ Result<CheckedRecord> ChunkReader::ReadRecord(const ChunkId& id, const ChunkRow&
 }
 
 ChunkReader::LoadResult ChunkReader::LoadChained(const ChunkId& id, const ChunkRow& row,
-                                                 const DecodeChain* chain) const {
-  if (auto hit = cache_->Lookup(id)) return hit;
+                                                 const DecodeChain* chain, CacheMode mode) const {
+  const bool streamed = mode == CacheMode::kStream;
+  if (auto hit = cache_->Lookup(id, streamed)) return hit;
   std::promise<LoadResult> promise;
   std::shared_future<LoadResult> pending;
   {
@@ -112,15 +113,18 @@ ChunkReader::LoadResult ChunkReader::LoadChained(const ChunkId& id, const ChunkR
     }
   }
   auto decode = [&]() -> LoadResult {
-    CKPTFS_ASSIGN_OR_RETURN(Buffer raw, DecodeChained(id, row, chain));
+    CKPTFS_ASSIGN_OR_RETURN(Buffer raw, DecodeChained(id, row, chain, mode));
     auto chunk = std::make_shared<const Buffer>(std::move(raw));
-    cache_->Insert(id, chunk);
+    cache_->Insert(id, chunk, streamed);
     return chunk;
   };
   if (pending.valid()) {
     LoadResult joined = pending.get();
     // The other load may have used a location gc has moved since: try ours before failing.
-    if (joined.ok()) return joined;
+    if (joined.ok()) {
+      if (!streamed) cache_->Insert(id, *joined);  // an ordinary entry from now on
+      return joined;
+    }
     return decode();
   }
   LoadResult result = decode();
@@ -131,8 +135,43 @@ ChunkReader::LoadResult ChunkReader::LoadChained(const ChunkId& id, const ChunkR
 }
 
 Result<Buffer> ChunkReader::DecodeChained(const ChunkId& id, const ChunkRow& row,
-                                          const DecodeChain* chain) const {
+                                          const DecodeChain* chain, CacheMode mode) const {
   const std::string where = Where(row.pack_id, row.offset);
+  // A delta's base first (its id is in the row; the record must name the same), so that
+  // a chain holds one record at a time, not one per level.
+  std::shared_ptr<const Buffer> base;
+  if (IsDelta(row.transform)) {
+    const ChunkId& base_id = row.base;
+    const int depth = chain ? chain->depth + 1 : 1;
+    bool cycle = base_id == id;
+    for (const DecodeChain* c = chain; c != nullptr && !cycle; c = c->outer) {
+      cycle = *c->id == base_id;
+    }
+    if (cycle || depth >= kMaxDecodeDepth) {
+      return Status::Corruption(where + ": the delta base of chunk " + id.ShortHex() +
+                                " is inconsistent (cycle or chain too long)");
+    }
+    std::optional<ChunkRow> base_row;
+    {
+      CKPTFS_ASSIGN_OR_RETURN(auto txn, catalog_->BeginRead());
+      CKPTFS_ASSIGN_OR_RETURN(base_row, txn.GetChunk(base_id));
+    }
+    if (!base_row) {
+      return Status::Corruption(where + ": the delta base " + base_id.ShortHex() + " of chunk " +
+                                id.ShortHex() + " is missing; run `ckptfs verify`");
+    }
+    const DecodeChain link{&id, chain, depth};
+    if (mode == CacheMode::kStream) {
+      // Only this chunk needs its bases: use a cached one, else rebuild it uncached.
+      base = cache_->Lookup(base_id, /*streamed=*/true);
+      if (!base) {
+        CKPTFS_ASSIGN_OR_RETURN(Buffer raw, DecodeChained(base_id, *base_row, &link, mode));
+        base = std::make_shared<const Buffer>(std::move(raw));
+      }
+    } else {
+      CKPTFS_ASSIGN_OR_RETURN(base, LoadChained(base_id, *base_row, &link, mode));
+    }
+  }
   CKPTFS_ASSIGN_OR_RETURN(CheckedRecord record, ReadRecord(id, row));
   const RecordHeader& header = record.header;
   if (header.transform() != row.transform ||
@@ -149,29 +188,9 @@ Result<Buffer> ChunkReader::DecodeChained(const ChunkId& id, const ChunkRow& row
   const PieceEncoding encoding{header.transform(), header.width(), header.codec};
   auto body = SplitRecordPayload(header, record.payload.bytes());
   if (!body.ok()) return Status::Corruption(where + ": " + body.status().message());
-  std::shared_ptr<const Buffer> base;
-  if (body->base) {
-    const ChunkId& base_id = *body->base;
-    const int depth = chain ? chain->depth + 1 : 1;
-    bool cycle = base_id == id;
-    for (const DecodeChain* c = chain; c != nullptr && !cycle; c = c->outer) {
-      cycle = *c->id == base_id;
-    }
-    if (base_id != row.base || cycle || depth >= kMaxDecodeDepth) {
-      return Status::Corruption(where + ": the delta base of chunk " + id.ShortHex() +
-                                " is inconsistent (wrong id, cycle or chain too long)");
-    }
-    std::optional<ChunkRow> base_row;
-    {
-      CKPTFS_ASSIGN_OR_RETURN(auto txn, catalog_->BeginRead());
-      CKPTFS_ASSIGN_OR_RETURN(base_row, txn.GetChunk(base_id));
-    }
-    if (!base_row) {
-      return Status::Corruption(where + ": the delta base " + base_id.ShortHex() + " of chunk " +
-                                id.ShortHex() + " is missing; run `ckptfs verify`");
-    }
-    const DecodeChain link{&id, chain, depth};
-    CKPTFS_ASSIGN_OR_RETURN(base, LoadChained(base_id, *base_row, &link));
+  if (body->base.has_value() != (base != nullptr) || (body->base && *body->base != row.base)) {
+    return Status::Corruption(where + ": the delta base of chunk " + id.ShortHex() +
+                              " differs from the catalog's");
   }
   Buffer raw(row.raw_len);
   Status s =

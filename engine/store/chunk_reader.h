@@ -16,6 +16,8 @@
 //   Status::Corruption naming pack and offset. Never wrong bytes.
 // - A record stored raw (codec none, plain) is read straight into the buffer that is returned:
 //   no copy after the pread.
+// - A delta's base is rebuilt before its own record is read, so a load holds at most one
+//   record, the base and the result at a time, however long the chain.
 // - Load is single-flight: a second caller for a chunk being decoded waits for that decode.
 // - Pack file descriptors are opened once and kept until ForgetPack.
 // REQUIRES (callers): the row's location stays valid during the call (the Store holds its gc
@@ -45,6 +47,18 @@ struct CheckedRecord {
   Buffer payload;  // the stored bytes that follow the header
 };
 
+// Bytes of a decoded chunk, shared: the chunk stays alive while the slice does, so a reply can
+// be sent from it without a copy.
+struct ChunkSlice {
+  std::shared_ptr<const Buffer> chunk;
+  size_t offset = 0;  // within the chunk
+  size_t length = 0;
+  ChunkId id;
+  uint64_t content_end = 0;  // where the chunk ends in its content
+  Bytes bytes() const { return chunk->bytes().subspan(offset, length); }
+  bool reaches_chunk_end() const { return offset + length == chunk->size(); }
+};
+
 class ChunkReader {
  public:
   // REQUIRES: catalog and cache outlive the reader.
@@ -53,13 +67,20 @@ class ChunkReader {
   ChunkReader(const ChunkReader&) = delete;
   ChunkReader& operator=(const ChunkReader&) = delete;
 
+  // How a loaded chunk enters the cache.
+  enum class CacheMode : uint8_t {
+    kKeep,    // an ordinary entry; the delta bases it needs are cached too
+    kStream,  // a sequential reader's: a streamed entry (chunk_cache.h), which the reader drops
+              // once it has read past it; delta bases are decoded but not cached
+  };
   // The decoded chunk, from the cache or its pack (once, however many ask at the same time).
-  Result<std::shared_ptr<const Buffer>> Load(const ChunkId& id, const ChunkRow& row) const {
-    return LoadChained(id, row, nullptr);
+  Result<std::shared_ptr<const Buffer>> Load(const ChunkId& id, const ChunkRow& row,
+                                             CacheMode mode = CacheMode::kKeep) const {
+    return LoadChained(id, row, nullptr, mode);
   }
   // The raw bytes of a chunk (bases from the cache or their packs), owned and not cached.
   Result<Buffer> Decode(const ChunkId& id, const ChunkRow& row) const {
-    return DecodeChained(id, row, nullptr);
+    return DecodeChained(id, row, nullptr, CacheMode::kKeep);
   }
   // Reads a record and checks it against `row` (header, lengths, codec, payload checksum).
   Result<CheckedRecord> ReadRecord(const ChunkId& id, const ChunkRow& row) const;
@@ -81,9 +102,10 @@ class ChunkReader {
   };
   using LoadResult = Result<std::shared_ptr<const Buffer>>;
 
-  LoadResult LoadChained(const ChunkId& id, const ChunkRow& row, const DecodeChain* chain) const;
-  Result<Buffer> DecodeChained(const ChunkId& id, const ChunkRow& row,
-                               const DecodeChain* chain) const;
+  LoadResult LoadChained(const ChunkId& id, const ChunkRow& row, const DecodeChain* chain,
+                         CacheMode mode) const;
+  Result<Buffer> DecodeChained(const ChunkId& id, const ChunkRow& row, const DecodeChain* chain,
+                               CacheMode mode) const;
   Result<std::shared_ptr<FileDescriptor>> PackFd(uint32_t pack_id) const;
   std::filesystem::path PackPath(uint32_t pack_id) const;
 

@@ -11,6 +11,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <tuple>
 
 #include "engine/store/content_writer.h"
 #include "engine/store/record.h"
@@ -425,12 +426,24 @@ Result<ContentEncoding> Store::DescribeContent(ContentId id) const {
 }
 
 Result<size_t> Store::Read(ContentId id, uint64_t offset, MutableBytes out) const {
+  std::vector<ChunkSlice> slices;
+  CKPTFS_ASSIGN_OR_RETURN(size_t n, ReadSlices(id, offset, out.size(), &slices));
+  size_t done = 0;
+  for (const ChunkSlice& slice : slices) {
+    std::memcpy(out.data() + done, slice.chunk->data() + slice.offset, slice.length);
+    done += slice.length;
+  }
+  return n;
+}
+
+Result<size_t> Store::ReadSlices(ContentId id, uint64_t offset, size_t length,
+                                 std::vector<ChunkSlice>* out, ChunkReader::CacheMode mode) const {
   std::shared_lock gc(gc_mu_);
   CKPTFS_ASSIGN_OR_RETURN(auto txn, catalog_->BeginRead());
   CKPTFS_ASSIGN_OR_RETURN(std::optional<ContentRow> content, txn.GetContent(id));
   if (!content) return Status::NotFound("content " + std::to_string(id) + " does not exist");
-  if (offset >= content->size || out.empty()) return size_t{0};
-  const size_t want = static_cast<size_t>(std::min<uint64_t>(out.size(), content->size - offset));
+  if (offset >= content->size || length == 0) return size_t{0};
+  const size_t want = static_cast<size_t>(std::min<uint64_t>(length, content->size - offset));
   size_t done = 0;
   Status err;
   CKPTFS_RETURN_IF_ERROR(txn.ForEachChunkRef(id, offset, [&](const ChunkRef& ref) {
@@ -441,7 +454,7 @@ Result<size_t> Store::Read(ContentId id, uint64_t offset, MutableBytes out) cons
                      : row.status();
       return false;
     }
-    auto chunk = LoadChunk(ref.id, **row);
+    auto chunk = reader_->Load(ref.id, **row, mode);
     if (!chunk.ok()) {
       err = chunk.status();
       return false;
@@ -454,7 +467,7 @@ Result<size_t> Store::Read(ContentId id, uint64_t offset, MutableBytes out) cons
     }
     size_t in_chunk = static_cast<size_t>(pos - ref.offset);
     size_t n = std::min(want - done, (*chunk)->size() - in_chunk);
-    std::memcpy(out.data() + done, (*chunk)->data() + in_chunk, n);
+    out->push_back(ChunkSlice{std::move(*chunk), in_chunk, n, ref.id, ref.offset + ref.length});
     done += n;
     return done < want;
   }));
@@ -466,27 +479,30 @@ Result<size_t> Store::Read(ContentId id, uint64_t offset, MutableBytes out) cons
   return done;
 }
 
-void Store::Prefetch(ContentId id, uint64_t offset, uint64_t length,
-                     WorkerPool::Priority priority) const {
-  std::vector<std::pair<ChunkId, ChunkRow>> todo;
+void Store::Prefetch(ContentId id, uint64_t offset, uint64_t length, WorkerPool::Priority priority,
+                     ChunkReader::CacheMode mode,
+                     std::shared_ptr<const std::atomic<uint64_t>> consumed) const {
+  const bool streamed = mode == ChunkReader::CacheMode::kStream;
+  std::vector<std::tuple<ChunkId, ChunkRow, uint64_t>> todo;  // with the chunk's end
   {
     std::shared_lock gc(gc_mu_);
     auto txn = catalog_->BeginRead();
     if (!txn.ok()) return;
     (void)txn->ForEachChunkRef(id, offset, [&](const ChunkRef& ref) {
       if (ref.offset >= offset + length) return false;
-      if (cache_.Lookup(ref.id) == nullptr) {
+      if (cache_.Lookup(ref.id, streamed) == nullptr) {
         auto row = txn->GetChunk(ref.id);
-        if (row.ok() && *row) todo.emplace_back(ref.id, **row);
+        if (row.ok() && *row) todo.emplace_back(ref.id, **row, ref.offset + ref.length);
       }
       return true;
     });
   }
-  for (const auto& [chunk, row] : todo) {
+  for (const auto& [chunk, row, end] : todo) {
     pool_->Submit(
-        [this, chunk, row] {
+        [this, chunk, row, end, mode, consumed] {
+          if (consumed && end <= consumed->load(std::memory_order_relaxed)) return;
           std::shared_lock gc(gc_mu_);  // the row's location is valid while gc cannot move it
-          (void)LoadChunk(chunk, row);  // errors surface when the data is really read
+          (void)reader_->Load(chunk, row, mode);  // errors surface when the data is really read
         },
         priority);
   }

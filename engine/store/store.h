@@ -150,10 +150,23 @@ class Store {
   Result<ContentEncoding> DescribeContent(ContentId id) const;
   // Reads up to out.size() bytes at offset; returns the count (short only at the end).
   Result<size_t> Read(ContentId id, uint64_t offset, MutableBytes out) const;
+  // The same without a copy: appends to `out` the slices of the decoded chunks that hold up
+  // to `length` bytes at offset, in order; returns their total (short only at the end).
+  // mode kStream is for a sequential reader, which drops the chunks it has read past with
+  // DropStreamed (chunk_reader.h, chunk_cache.h).
+  Result<size_t> ReadSlices(ContentId id, uint64_t offset, size_t length,
+                            std::vector<ChunkSlice>* out,
+                            ChunkReader::CacheMode mode = ChunkReader::CacheMode::kKeep) const;
   // Loads the chunks of [offset, offset + length) into the cache in the background. kLow
-  // prefetch runs only when no write and no other prefetch waits for the worker pool.
+  // prefetch runs only when no write and no other prefetch waits for the worker pool. A chunk
+  // that ends at or before *consumed (when given) by the time a worker gets to it is skipped:
+  // its reader is past it.
   void Prefetch(ContentId id, uint64_t offset, uint64_t length,
-                WorkerPool::Priority priority = WorkerPool::Priority::kNormal) const;
+                WorkerPool::Priority priority = WorkerPool::Priority::kNormal,
+                ChunkReader::CacheMode mode = ChunkReader::CacheMode::kKeep,
+                std::shared_ptr<const std::atomic<uint64_t>> consumed = nullptr) const;
+  // Drops a chunk a sequential reader has read past, unless it is an ordinary cache entry.
+  void DropStreamed(const ChunkId& id) const { cache_.DropStreamed(id); }
   // Drops a content and its chunk references; unreferenced chunks go at the next Gc().
   Status Release(ContentId id);
   // The same inside a caller's transaction (the FUSE layer swaps contents atomically).
