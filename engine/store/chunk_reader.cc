@@ -127,7 +127,12 @@ ChunkReader::LoadResult ChunkReader::LoadChained(const ChunkId& id, const ChunkR
     }
     return decode();
   }
-  LoadResult result = decode();
+  // The load that just finished may have inserted it after our lookup and before we
+  // registered: look again rather than decode it twice.
+  LoadResult result = [&]() -> LoadResult {
+    if (auto hit = cache_->Lookup(id, streamed)) return hit;
+    return decode();
+  }();
   promise.set_value(result);
   std::lock_guard lock(loading_mu_);
   loading_.erase(id);
