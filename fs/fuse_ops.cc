@@ -16,6 +16,8 @@ namespace {
 
 constexpr double kAttrTimeout = 1.0;
 constexpr uint32_t kBlockSize = 1 << 20;  // st_blksize: cp and friends then use 1 MiB I/O
+// Replies made of more chunks than this are copied into one buffer (IOV_MAX is 1024).
+constexpr size_t kMaxReplySlices = 256;
 
 std::string& ControlSocketPath() {
   static std::string path;
@@ -187,6 +189,18 @@ void OnRead(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* 
   std::vector<ChunkSlice> slices;
   auto n = Fs(req).ReadSlices(fi->fh, static_cast<uint64_t>(off), size, &slices);
   if (!n.ok()) return ReplyError(req, n.status());
+  if (slices.size() > kMaxReplySlices) {
+    // Many tiny chunks (small tensors and zip headers): one buffer, not an iovec per chunk
+    // (writev takes at most IOV_MAX).
+    Buffer buf(*n);
+    size_t done = 0;
+    for (const ChunkSlice& slice : slices) {
+      std::memcpy(buf.data() + done, slice.bytes().data(), slice.length);
+      done += slice.length;
+    }
+    fuse_reply_buf(req, reinterpret_cast<const char*>(buf.data()), done);
+    return;
+  }
   std::vector<iovec> iov(slices.size());
   for (size_t i = 0; i < slices.size(); ++i) {
     iov[i].iov_base = const_cast<std::byte*>(slices[i].chunk->data() + slices[i].offset);
