@@ -6,6 +6,8 @@
 #include <charconv>
 #include <climits>
 
+#include "engine/codec/huffman.h"
+
 namespace ckptfs {
 
 std::string_view CodecName(Codec codec) {
@@ -16,12 +18,26 @@ std::string_view CodecName(Codec codec) {
       return "lz4";
     case Codec::kZstd:
       return "zstd";
+    case Codec::kHuffman:
+      return "huffman";
   }
   return "unknown";
 }
 
 Result<CodecSpec> CodecSpec::Parse(std::string_view text) {
+  if (text == "auto") return CodecSpec{};
+  constexpr std::string_view kAutoPlus = "auto+";
+  if (text.substr(0, kAutoPlus.size()) == kAutoPlus) {
+    auto inner = Parse(text.substr(kAutoPlus.size()));
+    if (!inner.ok() || inner->codec == Codec::kNone || text.substr(kAutoPlus.size()) == "auto") {
+      return Status::InvalidArgument("bad codec '" + std::string(text) +
+                                     "': use auto+lz4 or auto+zstd:LEVEL");
+    }
+    inner->entropy = true;
+    return inner;
+  }
   CodecSpec spec;
+  spec.entropy = false;
   std::string_view name = text.substr(0, text.find(':'));
   if (name == "none") {
     spec.codec = Codec::kNone;
@@ -32,7 +48,7 @@ Result<CodecSpec> CodecSpec::Parse(std::string_view text) {
     spec.level = 3;
   } else {
     return Status::InvalidArgument("unknown codec '" + std::string(text) +
-                                   "': use none, lz4, zstd or zstd:LEVEL");
+                                   "': use auto, none, lz4, zstd or zstd:LEVEL");
   }
   if (name.size() < text.size()) {
     std::string_view lvl = text.substr(name.size() + 1);
@@ -50,8 +66,10 @@ Result<CodecSpec> CodecSpec::Parse(std::string_view text) {
 }
 
 std::string CodecSpec::ToString() const {
-  if (codec == Codec::kZstd) return "zstd:" + std::to_string(level);
-  return std::string(CodecName(codec));
+  std::string inner = codec == Codec::kZstd ? "zstd:" + std::to_string(level > 0 ? level : 3)
+                                            : std::string(CodecName(codec));
+  if (!entropy || codec == Codec::kNone) return inner;
+  return codec == Codec::kLz4 ? "auto" : "auto+" + inner;
 }
 
 namespace {
@@ -80,7 +98,9 @@ bool TryCompress(const CodecSpec& spec, Bytes raw, Buffer* out) {
   if (spec.codec == Codec::kNone || raw.empty() || raw.size() > INT_MAX / 2) return false;
   const char* src = reinterpret_cast<const char*>(raw.data());
   size_t n = 0;
-  if (spec.codec == Codec::kLz4) {
+  if (spec.codec == Codec::kHuffman) {
+    return HuffmanEncode(raw, out);
+  } else if (spec.codec == Codec::kLz4) {
     out->Resize(LZ4_compressBound(static_cast<int>(raw.size())));
     int got = LZ4_compress_default(src, reinterpret_cast<char*>(out->data()),
                                    static_cast<int>(raw.size()), static_cast<int>(out->size()));
@@ -127,6 +147,8 @@ Status Decompress(Codec codec, Bytes stored, MutableBytes out) {
       }
       return Status::OK();
     }
+    case Codec::kHuffman:
+      return HuffmanDecode(stored, out);
   }
   return Status::Corruption("unknown codec " + std::to_string(static_cast<int>(codec)));
 }

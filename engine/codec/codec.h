@@ -1,6 +1,7 @@
 // engine/codec/codec.h
 //
-// Block codecs for chunk records: none, lz4 (default, fast) and zstd at a level.
+// Block codecs for chunk records: none, lz4 (fast) and zstd at a level; and Huffman (huffman.h)
+// for the byte planes of tensors (piece_codec.h).
 //
 //   CodecSpec spec = *CodecSpec::Parse("zstd:3");
 //   Buffer out;
@@ -20,16 +21,25 @@
 
 namespace ckptfs {
 
-// Stored in records and in the catalog: never renumber.
-enum class Codec : uint8_t { kNone = 0, kLz4 = 1, kZstd = 2 };
+// Stored in records and in the catalog: never renumber. kHuffman is only written for the plane
+// segments of a planes container (piece_codec.h), never as a record's codec.
+enum class Codec : uint8_t { kNone = 0, kLz4 = 1, kZstd = 2, kHuffman = 3 };
 
 std::string_view CodecName(Codec codec);
 
+// How new records are compressed. The default ("auto") is chosen by measurement (docs/engine.md,
+// "Compression"): lz4 for bytes that are not tensors, and for tensors byte planes whose
+// low-entropy planes are Huffman-coded and whose high-entropy planes are stored raw.
 struct CodecSpec {
-  Codec codec = Codec::kLz4;
-  int level = 0;  // zstd level (1..19); 0 means the codec's default
+  Codec codec = Codec::kLz4;  // plain pieces; also planes that the entropy stage does not take
+  int level = 0;              // zstd level (1..19); 0 means the codec's default
+  // Planes: Huffman-code the planes whose sampled entropy is low, store raw those near 8 bits
+  // per byte, and use `codec` where it beats Huffman (runs of zeros). false: every plane goes
+  // through `codec` (the behaviour of "lz4" and "zstd:L").
+  bool entropy = true;
 
-  // Parses "none", "lz4", "zstd" or "zstd:L".
+  // Parses "auto" (the default), "none", "lz4", "zstd", "zstd:L", or "auto+lz4" /
+  // "auto+zstd:L" (the entropy stage with another codec for plain pieces).
   static Result<CodecSpec> Parse(std::string_view text);
   std::string ToString() const;
 };

@@ -66,6 +66,19 @@ TEST(Codec, ParseRejectsUnknownNamesAndLevels) {
   EXPECT_FALSE(CodecSpec::Parse("zstd:x").ok());
   EXPECT_EQ(CodecSpec::Parse("zstd:7")->level, 7);
   EXPECT_EQ(CodecSpec::Parse("zstd")->ToString(), "zstd:3");
+  EXPECT_FALSE(CodecSpec::Parse("auto+none").ok());
+  EXPECT_FALSE(CodecSpec::Parse("auto+auto").ok());
+  EXPECT_FALSE(CodecSpec::Parse("auto:3").ok());
+}
+
+TEST(Codec, AutoIsTheDefaultAndEverySpecRoundTripsThroughItsName) {
+  EXPECT_EQ(CodecSpec{}.ToString(), "auto");
+  EXPECT_TRUE(CodecSpec::Parse("auto")->entropy);
+  EXPECT_FALSE(CodecSpec::Parse("lz4")->entropy);
+  for (const char* name : {"auto", "lz4", "none", "zstd:3", "zstd:19", "auto+zstd:1"}) {
+    EXPECT_EQ(CodecSpec::Parse(name)->ToString(), name);
+  }
+  EXPECT_EQ(CodecSpec::Parse("auto+lz4")->ToString(), "auto");
 }
 
 }  // namespace

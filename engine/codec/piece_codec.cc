@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cstring>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
+#include "engine/codec/huffman.h"
 #include "engine/util/coding.h"
 
 namespace ckptfs {
@@ -14,57 +16,94 @@ constexpr size_t kSegmentHeaderBytes = 5;  // codec, LE32 stored length
 // Encodings are compared on this many leading bytes of a piece (whole elements).
 constexpr size_t kSampleBytes = 64 << 10;
 
-uint64_t LoadElement(const std::byte* p, uint8_t width) {
-  uint64_t v = 0;
-  std::memcpy(&v, p, width);  // little-endian host (x86-64, aarch64)
-  return v;
-}
-
-// The element's bytes after the transform. sub stores the difference as a zigzag integer
-// (0, -1, 1, -2, ... -> 0, 1, 2, 3, ...), so that a small change of either sign leaves the high
-// planes zero rather than 0x00 or 0xff by the sign.
-template <Transform kT, uint8_t kW>
-inline uint64_t Forward(uint64_t value, uint64_t base) {
+// The element's bytes after the transform, as an unsigned integer of the element's width. sub
+// stores the difference as a zigzag integer (0, -1, 1, -2, ... -> 0, 1, 2, 3, ...), so that a
+// small change of either sign leaves the high planes zero rather than 0x00 or 0xff by the sign.
+template <Transform kT, typename U>
+inline U Forward(U value, U base) {
   if constexpr (kT == Transform::kXor) return value ^ base;
   if constexpr (kT == Transform::kSub) {
-    constexpr int kShift = 64 - 8 * kW;
-    const int64_t d = static_cast<int64_t>((value - base) << kShift) >> kShift;  // sign-extended
-    return (static_cast<uint64_t>(d) << 1) ^ static_cast<uint64_t>(d >> 63);
+    using S = std::make_signed_t<U>;
+    const U d = static_cast<U>(value - base);
+    return static_cast<U>(static_cast<U>(d << 1) ^
+                          static_cast<U>(static_cast<S>(d) >> (8 * sizeof(U) - 1)));
   }
   return value;
 }
-template <Transform kT, uint8_t kW>
-inline uint64_t Inverse(uint64_t coded, uint64_t base) {
+template <Transform kT, typename U>
+inline U Inverse(U coded, U base) {
   if constexpr (kT == Transform::kXor) return coded ^ base;
-  if constexpr (kT == Transform::kSub) return base + ((coded >> 1) ^ (~(coded & 1) + 1));
+  if constexpr (kT == Transform::kSub) {
+    return static_cast<U>(base + static_cast<U>((coded >> 1) ^ static_cast<U>(0 - (coded & 1))));
+  }
   return coded;
 }
 
-// Writes `elements` elements of raw (transformed against base) as `width` planes of
-// `elements` bytes each into out.
-template <Transform kT, uint8_t kW>
-void SplitPlanesFixed(const std::byte* raw, const std::byte* base, size_t elements,
-                      std::byte* out) {
+// Writes `elements` elements of raw (transformed against base) as sizeof(U) planes of
+// `elements` bytes each into out. Written so that the compiler vectorises it.
+template <Transform kT, typename U>
+void SplitTyped(const std::byte* __restrict raw, const std::byte* __restrict base, size_t elements,
+                std::byte* __restrict out) {
+  constexpr size_t kW = sizeof(U);
+  auto* o = reinterpret_cast<uint8_t*>(out);
   for (size_t i = 0; i < elements; ++i) {
-    uint64_t v = LoadElement(raw + i * kW, kW);
-    uint64_t b = kT == Transform::kPlanes ? 0 : LoadElement(base + i * kW, kW);
-    uint64_t c = Forward<kT, kW>(v, b);
-    for (uint8_t j = 0; j < kW; ++j) out[j * elements + i] = static_cast<std::byte>(c >> (8 * j));
+    U v, b = 0;
+    std::memcpy(&v, raw + i * kW, kW);  // little-endian host (x86-64, aarch64)
+    if constexpr (kT != Transform::kPlanes) std::memcpy(&b, base + i * kW, kW);
+    const U c = Forward<kT, U>(v, b);
+    for (size_t j = 0; j < kW; ++j) o[j * elements + i] = static_cast<uint8_t>(c >> (8 * j));
   }
 }
 
-template <Transform kT, uint8_t kW>
-void JoinPlanesFixed(const std::byte* planes, const std::byte* base, size_t elements,
-                     std::byte* raw) {
-  const uint64_t mask = kW == 8 ? ~uint64_t{0} : (uint64_t{1} << (8 * kW)) - 1;
+template <Transform kT, typename U>
+void JoinTyped(const std::byte* __restrict planes, const std::byte* __restrict base,
+               size_t elements, std::byte* __restrict raw) {
+  constexpr size_t kW = sizeof(U);
+  const auto* p = reinterpret_cast<const uint8_t*>(planes);
   for (size_t i = 0; i < elements; ++i) {
-    uint64_t c = 0;
-    for (uint8_t j = 0; j < kW; ++j) {
+    U c = 0, b = 0;
+    for (size_t j = 0; j < kW; ++j)
+      c |= static_cast<U>(static_cast<U>(p[j * elements + i]) << (8 * j));
+    if constexpr (kT != Transform::kPlanes) std::memcpy(&b, base + i * kW, kW);
+    const U v = Inverse<kT, U>(c, b);
+    std::memcpy(raw + i * kW, &v, kW);
+  }
+}
+
+// Widths without an integer type (3, 5, 6, 7): the element in a uint64_t, sign-extended from
+// its width for sub.
+template <Transform kT>
+void SplitOdd(uint8_t width, const std::byte* raw, const std::byte* base, size_t elements,
+              std::byte* out) {
+  const int shift = 64 - 8 * width;
+  for (size_t i = 0; i < elements; ++i) {
+    uint64_t v = 0, b = 0;
+    std::memcpy(&v, raw + i * width, width);
+    if (kT != Transform::kPlanes) std::memcpy(&b, base + i * width, width);
+    uint64_t c = v;
+    if (kT == Transform::kXor) c = v ^ b;
+    if (kT == Transform::kSub) {
+      const int64_t d = static_cast<int64_t>((v - b) << shift) >> shift;
+      c = (static_cast<uint64_t>(d) << 1) ^ static_cast<uint64_t>(d >> 63);
+    }
+    for (uint8_t j = 0; j < width; ++j)
+      out[j * elements + i] = static_cast<std::byte>(c >> (8 * j));
+  }
+}
+
+template <Transform kT>
+void JoinOdd(uint8_t width, const std::byte* planes, const std::byte* base, size_t elements,
+             std::byte* raw) {
+  for (size_t i = 0; i < elements; ++i) {
+    uint64_t c = 0, b = 0;
+    for (uint8_t j = 0; j < width; ++j) {
       c |= static_cast<uint64_t>(planes[j * elements + i]) << (8 * j);
     }
-    uint64_t b = kT == Transform::kPlanes ? 0 : LoadElement(base + i * kW, kW);
-    uint64_t v = Inverse<kT, kW>(c, b) & mask;
-    std::memcpy(raw + i * kW, &v, kW);
+    if (kT != Transform::kPlanes) std::memcpy(&b, base + i * width, width);
+    uint64_t v = c;
+    if (kT == Transform::kXor) v = c ^ b;
+    if (kT == Transform::kSub) v = b + ((c >> 1) ^ (~(c & 1) + 1));
+    std::memcpy(raw + i * width, &v, width);  // the low `width` bytes: mod 2^(8 width)
   }
 }
 
@@ -72,22 +111,16 @@ template <Transform kT>
 void SplitPlanes(uint8_t width, const std::byte* raw, const std::byte* base, size_t elements,
                  std::byte* out) {
   switch (width) {
-    case 2:
-      return SplitPlanesFixed<kT, 2>(raw, base, elements, out);
-    case 4:
-      return SplitPlanesFixed<kT, 4>(raw, base, elements, out);
-    case 8:
-      return SplitPlanesFixed<kT, 8>(raw, base, elements, out);
     case 1:
-      return SplitPlanesFixed<kT, 1>(raw, base, elements, out);
-    case 3:
-      return SplitPlanesFixed<kT, 3>(raw, base, elements, out);
-    case 5:
-      return SplitPlanesFixed<kT, 5>(raw, base, elements, out);
-    case 6:
-      return SplitPlanesFixed<kT, 6>(raw, base, elements, out);
+      return SplitTyped<kT, uint8_t>(raw, base, elements, out);
+    case 2:
+      return SplitTyped<kT, uint16_t>(raw, base, elements, out);
+    case 4:
+      return SplitTyped<kT, uint32_t>(raw, base, elements, out);
+    case 8:
+      return SplitTyped<kT, uint64_t>(raw, base, elements, out);
     default:
-      return SplitPlanesFixed<kT, 7>(raw, base, elements, out);
+      return SplitOdd<kT>(width, raw, base, elements, out);
   }
 }
 
@@ -95,22 +128,16 @@ template <Transform kT>
 void JoinPlanes(uint8_t width, const std::byte* planes, const std::byte* base, size_t elements,
                 std::byte* raw) {
   switch (width) {
-    case 2:
-      return JoinPlanesFixed<kT, 2>(planes, base, elements, raw);
-    case 4:
-      return JoinPlanesFixed<kT, 4>(planes, base, elements, raw);
-    case 8:
-      return JoinPlanesFixed<kT, 8>(planes, base, elements, raw);
     case 1:
-      return JoinPlanesFixed<kT, 1>(planes, base, elements, raw);
-    case 3:
-      return JoinPlanesFixed<kT, 3>(planes, base, elements, raw);
-    case 5:
-      return JoinPlanesFixed<kT, 5>(planes, base, elements, raw);
-    case 6:
-      return JoinPlanesFixed<kT, 6>(planes, base, elements, raw);
+      return JoinTyped<kT, uint8_t>(planes, base, elements, raw);
+    case 2:
+      return JoinTyped<kT, uint16_t>(planes, base, elements, raw);
+    case 4:
+      return JoinTyped<kT, uint32_t>(planes, base, elements, raw);
+    case 8:
+      return JoinTyped<kT, uint64_t>(planes, base, elements, raw);
     default:
-      return JoinPlanesFixed<kT, 7>(planes, base, elements, raw);
+      return JoinOdd<kT>(width, planes, base, elements, raw);
   }
 }
 
@@ -152,22 +179,78 @@ void Join(Transform t, uint8_t width, const std::byte* planes, const std::byte* 
   }
 }
 
+// With the entropy stage, a plane whose sampled entropy is above this many bits per byte is
+// stored raw without trying anything (mantissa bytes: ~7.9 bits), and one below
+// kTryCodecBelowBits is also given to the block codec, which beats Huffman's 1 bit per byte on
+// long runs (the high planes of deltas). Chosen by measurement (docs/engine.md).
+constexpr double kRawAboveBits = 7.5;
+constexpr double kTryCodecBelowBits = 2.0;
+
+// One plane: the codec used and its stored bytes (`segment` itself for kNone).
+Codec CompressSegment(const CodecSpec& spec, Bytes segment, Buffer* scratch, Bytes* body) {
+  *body = segment;
+  if (segment.empty()) return Codec::kNone;
+  if (!spec.entropy) {
+    if (!TryCompress(spec, segment, scratch)) return Codec::kNone;
+    *body = scratch->bytes();
+    return spec.codec;
+  }
+  const double bits = EstimateEntropyBits(segment);
+  if (bits > kRawAboveBits) return Codec::kNone;
+  Codec used = Codec::kNone;
+  if (HuffmanEncode(segment, scratch)) {
+    used = Codec::kHuffman;
+    *body = scratch->bytes();
+  }
+  if (bits < kTryCodecBelowBits && spec.codec != Codec::kNone) {
+    thread_local Buffer other;
+    if (TryCompress(spec, segment, &other) && other.size() < body->size()) {
+      std::swap(*scratch, other);
+      *body = scratch->bytes();
+      used = spec.codec;
+    }
+  }
+  return used;
+}
+
+// The stored size CompressSegment would give `segment`, without writing Huffman codes.
+size_t SegmentSize(const CodecSpec& spec, Bytes segment, Buffer* scratch) {
+  if (segment.empty()) return 0;
+  if (!spec.entropy) return TryCompress(spec, segment, scratch) ? scratch->size() : segment.size();
+  const double bits = EstimateEntropyBits(segment);
+  if (bits > kRawAboveBits) return segment.size();
+  size_t best = std::min(segment.size(), HuffmanEncodedSize(segment));
+  if (bits < kTryCodecBelowBits && spec.codec != Codec::kNone &&
+      TryCompress(spec, segment, scratch)) {
+    best = std::min(best, scratch->size());
+  }
+  return best;
+}
+
+// The size of the container PackSegments would write.
+size_t PackedSize(const CodecSpec& spec, uint8_t width, Bytes planes) {
+  const size_t elements = planes.size() / width;
+  thread_local Buffer scratch;
+  size_t total = (width + 1) * kSegmentHeaderBytes + (planes.size() - width * elements);
+  for (size_t s = 0; s < width; ++s) {
+    total += SegmentSize(spec, planes.subspan(s * elements, elements), &scratch);
+  }
+  return total;
+}
+
 // Compresses each plane (and the tail) of `planes` on its own into a container.
 void PackSegments(const CodecSpec& spec, uint8_t width, Bytes planes, Buffer* out) {
   const size_t elements = planes.size() / width;
   out->Reserve(planes.size() + (width + 1) * kSegmentHeaderBytes);
   out->Clear();
-  Buffer compressed;
+  thread_local Buffer compressed;
   for (size_t s = 0; s <= width; ++s) {
     Bytes segment =
         s < width ? planes.subspan(s * elements, elements) : planes.subspan(width * elements);
     std::byte header[kSegmentHeaderBytes];
-    Bytes body = segment;
-    Codec codec = Codec::kNone;
-    if (!segment.empty() && TryCompress(spec, segment, &compressed)) {
-      codec = spec.codec;
-      body = compressed.bytes();
-    }
+    Bytes body;
+    const Codec codec = s < width ? CompressSegment(spec, segment, &compressed, &body)
+                                  : (body = segment, Codec::kNone);  // the tail: < width bytes
     header[0] = static_cast<std::byte>(codec);
     PutLE<uint32_t>(header + 1, static_cast<uint32_t>(body.size()));
     out->Append({header, kSegmentHeaderBytes});
@@ -187,7 +270,7 @@ Status UnpackSegments(uint8_t width, Bytes stored, MutableBytes planes) {
     const uint8_t codec = static_cast<uint8_t>(stored[pos]);
     const uint32_t len = GetLE<uint32_t>(stored.data() + pos + 1);
     pos += kSegmentHeaderBytes;
-    if (codec > static_cast<uint8_t>(Codec::kZstd) || len > stored.size() - pos) {
+    if (codec > static_cast<uint8_t>(Codec::kHuffman) || len > stored.size() - pos) {
       return Status::Corruption("piece: bad plane header");
     }
     Bytes body = stored.subspan(pos, len);
@@ -210,6 +293,14 @@ size_t EncodeWith(const CodecSpec& spec, Transform t, uint8_t width, Bytes raw,
   Split(t, width, raw, base, scratch->data());
   PackSegments(spec, width, scratch->bytes(), out);
   return out->size();
+}
+
+// The stored size of `raw` encoded with `t`, without writing it.
+size_t SizeWith(const CodecSpec& spec, Transform t, uint8_t width, Bytes raw, const std::byte* base,
+                Buffer* scratch) {
+  scratch->Resize(raw.size());
+  Split(t, width, raw, base, scratch->data());
+  return PackedSize(spec, width, scratch->bytes());
 }
 
 size_t PlainSize(const CodecSpec& spec, Bytes raw, Buffer* out) {
@@ -257,11 +348,11 @@ EncodedPiece EncodePiece(const CodecSpec& spec, Bytes raw, uint8_t width, const 
   const size_t sample = std::min(raw.size(), kSampleBytes / width * width);
   Bytes head = raw.first(sample);
   const std::byte* base_data = can_delta ? base->data() : nullptr;
-  Buffer scratch, trial;
+  thread_local Buffer scratch, trial;  // per worker thread: no fresh memory per piece
   size_t best_size = PlainSize(spec, head, &trial);
   Transform best = Transform::kPlain;
   for (Transform t : candidates) {
-    size_t size = EncodeWith(spec, t, width, head, base_data, &scratch, &trial);
+    size_t size = SizeWith(spec, t, width, head, base_data, &scratch);
     if (size < best_size) {
       best_size = size;
       best = t;
@@ -291,7 +382,8 @@ Status DecodePiece(const PieceEncoding& encoding, Bytes stored, Bytes base, Muta
   if (IsDelta(encoding.transform) && base.size() != out.size()) {
     return Status::Corruption("piece: the delta base has another length");
   }
-  Buffer planes(out.size());
+  thread_local Buffer planes;  // per thread: no fresh memory per piece
+  planes.Resize(out.size());
   CKPTFS_RETURN_IF_ERROR(UnpackSegments(encoding.width, stored, planes.mutable_bytes()));
   Join(encoding.transform, encoding.width, planes.data(), base.data(), out);
   return Status::OK();

@@ -153,5 +153,76 @@ TEST(PieceCodecTest, MalformedContainersAreCorruptionNotCrashes) {
   EXPECT_FALSE(DecodePiece(unknown, p.stored.bytes(), {}, out.mutable_bytes()).ok());
 }
 
+TEST(PieceCodecTest, AutoHuffmanCodesTheExponentPlaneAndStoresMantissaRaw) {
+  const size_t n = 256 << 10;  // 1 MiB of fp32
+  std::vector<float> w = Weights(n, 6);
+  Buffer raw = ToBuffer(w.data(), n * 4);
+  EncodedPiece a = EncodePiece(CodecSpec{}, raw.bytes(), 4, nullptr);
+  EncodedPiece l = EncodePiece(*CodecSpec::Parse("lz4"), raw.bytes(), 4, nullptr);
+  ASSERT_EQ(a.encoding.transform, Transform::kPlanes);
+  ExpectRoundTrip(a, raw, nullptr);
+  // Planes 0 and 1 (mantissa) raw, plane 3 (sign and exponent) Huffman.
+  const std::byte* seg = a.stored.data();
+  EXPECT_EQ(static_cast<Codec>(seg[0]), Codec::kNone);
+  EXPECT_EQ(static_cast<Codec>(seg[5 + n]), Codec::kNone);
+  size_t pos = 0;
+  Codec codecs[5];
+  for (int s = 0; s < 5; ++s) {
+    codecs[s] = static_cast<Codec>(seg[pos]);
+    uint32_t len;
+    std::memcpy(&len, seg + pos + 1, 4);
+    pos += 5 + len;
+  }
+  EXPECT_EQ(codecs[3], Codec::kHuffman);
+  EXPECT_EQ(pos, a.stored.size());
+  // N(0, 0.02) weights: the exponent byte has ~2.7 bits of entropy; lz4 finds little.
+  EXPECT_LT(a.stored.size(), 0.85 * raw.size());
+  EXPECT_LT(a.stored.size() + raw.size() / 20, l.stored_raw() ? raw.size() : l.stored.size());
+}
+
+TEST(PieceCodecTest, AutoRoundTripsBf16AndDeltasOfEveryWidth) {
+  std::mt19937 rng(8);
+  for (uint8_t width : {1, 2, 4, 8}) {
+    for (size_t size : {size_t{5}, size_t{4096 + 3}, size_t{300001}}) {
+      std::vector<float> w = Weights(size / 4 + 2, static_cast<uint32_t>(size));
+      Buffer base = ToBuffer(w.data(), size);
+      for (float& x : w) x *= 1.0f + 1e-3f * static_cast<float>(rng() % 7);
+      Buffer raw = ToBuffer(w.data(), size);
+      for (const Buffer* b :
+           {static_cast<const Buffer*>(nullptr), static_cast<const Buffer*>(&base)}) {
+        EncodedPiece p = EncodePiece(CodecSpec{}, raw.bytes(), width, b);
+        SCOPED_TRACE(std::string(TransformName(p.encoding.transform)) + " width " +
+                     std::to_string(width) + " size " + std::to_string(size));
+        ExpectRoundTrip(p, raw, b);
+      }
+    }
+  }
+}
+
+TEST(PieceCodecTest, CorruptedHuffmanPlanesAreCorruptionOrCaughtByTheChecksum) {
+  std::vector<float> w = Weights(1 << 15, 9);
+  Buffer original = ToBuffer(w.data(), w.size() * 4);
+  EncodedPiece p = EncodePiece(CodecSpec{}, original.bytes(), 4, nullptr);
+  ASSERT_EQ(p.encoding.transform, Transform::kPlanes);
+  Buffer out(original.size());
+  for (size_t cut = 0; cut < p.stored.size(); cut += 61) {
+    EXPECT_FALSE(
+        DecodePiece(p.encoding, p.stored.bytes().first(cut), {}, out.mutable_bytes()).ok());
+  }
+  std::mt19937 rng(10);
+  int rejected = 0;
+  for (int i = 0; i < 2000; ++i) {
+    Buffer bad(p.stored.bytes());
+    for (int f = 0; f <= i % 3; ++f) {
+      bad.data()[rng() % bad.size()] ^= static_cast<std::byte>(1u << (rng() % 8));
+    }
+    Status s = DecodePiece(p.encoding, bad.bytes(), {}, out.mutable_bytes());
+    // What decodes is wrong bytes only where a flip hit a raw mantissa plane or a code of the
+    // same length; the record's XXH3 and the chunk's SHA-256 reject those.
+    rejected += !s.ok();
+  }
+  EXPECT_GT(rejected, 0);
+}
+
 }  // namespace
 }  // namespace ckptfs

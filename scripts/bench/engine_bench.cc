@@ -17,7 +17,8 @@
 // (the store against a plain file, a hash against SHA-256) are taken in the same run, and the
 // ratio shown is the median of the per-run ratios. GB/s means 10^9 bytes per second.
 //
-// Usage: engine_bench --v1 FILE --dir DIR [--v2 FILE] [--runs N] [--only micro,e2e,hash,chunk]
+// Usage: engine_bench --v1 FILE --dir DIR [--v2 FILE] [--runs N] [--only
+// micro,e2e,hash,codec,chunk]
 //   DIR: scratch directory on the disk to measure (the bench removes what it creates there).
 #include <fcntl.h>
 #include <openssl/evp.h>
@@ -32,6 +33,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <functional>
 #include <string>
@@ -41,6 +43,8 @@
 
 #include "engine/chunk/fastcdc.h"
 #include "engine/codec/codec.h"
+#include "engine/codec/piece_codec.h"
+#include "engine/format/layout.h"
 #include "engine/hash/chunk_id.h"
 #include "engine/store/content_reader.h"
 #include "engine/store/content_writer.h"
@@ -977,11 +981,174 @@ void RunChunkSizes(Bytes v1, const Buffer* v2, const fs::path& dir, int runs,
 }
 
 }  // namespace
+
+// ----------------------------------------------------------------------------------------------
+// 5. The piece codec on tensors (engine/codec/piece_codec.h), one thread: fp32 tensors of v1
+// (and bf16 copies of them, rounded to nearest even) cut into the store's 1 MiB pieces, encoded
+// on their own (a first version) and, with --v2, v2's pieces against v1's (a later version).
+
+struct TensorPieces {
+  Buffer bytes;                                 // the pieces back to back
+  std::vector<Span> pieces;                     // into bytes
+  std::vector<std::pair<Span, size_t>> deltas;  // a piece of `later` and its base piece index
+  Buffer later;
+};
+
+ContentLayout ScanLayout(Bytes data) {
+  LayoutScanner scanner;
+  for (Bytes rest = data; !rest.empty();) rest = rest.subspan(scanner.Scan(rest));
+  return scanner.TakeLayout();
+}
+
+// The fp32 sections of v1 (and of v2 where it has the same section at the same size), as fp32
+// or converted to bf16; pieces of at most 1 MiB counted from each tensor's first byte.
+TensorPieces CollectPieces(Bytes v1, const Buffer* v2, bool bf16) {
+  ContentLayout l1 = ScanLayout(v1);
+  ContentLayout l2 = v2 ? ScanLayout(v2->bytes()) : ContentLayout{};
+  const uint8_t width = bf16 ? 2 : 4;
+  constexpr size_t kPiece = 1u << 20;
+  auto convert = [&](Bytes in, Buffer* out) {
+    const size_t at = out->size();
+    const size_t n = in.size() / 4;
+    out->Resize(at + n * width);
+    for (size_t i = 0; i < n; ++i) {
+      uint32_t v;
+      std::memcpy(&v, in.data() + 4 * i, 4);
+      if (bf16) {
+        const uint16_t h = static_cast<uint16_t>((v + 0x7fff + ((v >> 16) & 1)) >> 16);
+        std::memcpy(out->data() + at + 2 * i, &h, 2);
+      } else {
+        std::memcpy(out->data() + at + 4 * i, &v, 4);
+      }
+    }
+    return at;
+  };
+  TensorPieces tp;
+  for (const LayoutSection& s : l1.sections) {
+    if (s.dtype != DType::kF32 || s.size < 4) continue;
+    const size_t at = convert(v1.subspan(s.start, s.size), &tp.bytes);
+    const size_t len = s.size / 4 * width;
+    const size_t first = tp.pieces.size();
+    for (size_t o = 0; o < len; o += kPiece)
+      tp.pieces.push_back({at + o, std::min(kPiece, len - o)});
+    const LayoutSection* s2 = nullptr;
+    for (const LayoutSection& c : l2.sections) {
+      if (SectionKey(c.name) == SectionKey(s.name)) s2 = &c;
+    }
+    if (s2 == nullptr || s2->size != s.size) continue;
+    const size_t at2 = convert(v2->bytes().subspan(s2->start, s2->size), &tp.later);
+    for (size_t k = first; k < tp.pieces.size(); ++k) {
+      const Span p2{at2 + (tp.pieces[k].offset - at), tp.pieces[k].length};
+      // An unchanged piece is deduplicated by the store and never reaches the codec.
+      if (std::memcmp(tp.later.data() + p2.offset, tp.bytes.data() + tp.pieces[k].offset,
+                      p2.length) == 0) {
+        continue;
+      }
+      tp.deltas.push_back({p2, k});
+    }
+  }
+  return tp;
+}
+
+// Seconds of this thread's CPU time that fn takes: per-core speed, which on a shared machine
+// wall time overstates by however long the thread waited for a core.
+double ThreadCpuSeconds(const std::function<void()>& fn) {
+  auto now = [] {
+    timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e9;
+  };
+  const double t0 = now();
+  fn();
+  return now() - t0;
+}
+
+void RunCodecs(Bytes v1, const Buffer* v2, int runs, TextTable* t) {
+  auto measure = [&](const std::function<void()>& fn) {
+    fn();
+    std::vector<double> secs;
+    for (int i = 0; i < runs; ++i) secs.push_back(ThreadCpuSeconds(fn));
+    return secs;
+  };
+  const char* specs[] = {"auto", "lz4", "zstd:1", "zstd:3", "auto+zstd:1"};
+  for (bool bf16 : {false, true}) {
+    TensorPieces tp = CollectPieces(v1, v2, bf16);
+    const uint8_t width = bf16 ? 2 : 4;
+    const char* dt = bf16 ? "bf16" : "fp32";
+    std::vector<Buffer> bases(tp.pieces.size());
+    for (size_t k = 0; k < tp.pieces.size(); ++k) {
+      bases[k] = Buffer(tp.bytes.bytes().subspan(tp.pieces[k].offset, tp.pieces[k].length));
+    }
+    t->Section(
+        Fmt("piece codec, one thread, GB/s of raw bytes per CPU-second of the thread: %s tensors "
+            "of v1 (%.1f MB, %zu pieces of <= 1 MiB)%s",
+            dt, tp.bytes.size() / 1e6, tp.pieces.size(),
+            tp.deltas.empty()
+                ? ""
+                : Fmt("; later: v2's %zu changed pieces against v1's", tp.deltas.size()).c_str()));
+    for (const char* name : specs) {
+      const CodecSpec spec = Unwrap(CodecSpec::Parse(name), "codec");
+      for (bool later : {false, true}) {
+        if (later && tp.deltas.empty()) continue;
+        const size_t count = later ? tp.deltas.size() : tp.pieces.size();
+        const Buffer& src = later ? tp.later : tp.bytes;
+        auto piece = [&](size_t k) { return later ? tp.deltas[k].first : tp.pieces[k]; };
+        auto base = [&](size_t k) { return later ? &bases[tp.deltas[k].second] : nullptr; };
+        std::vector<EncodedPiece> enc(count);
+        uint64_t raw = 0;
+        for (size_t k = 0; k < count; ++k) raw += piece(k).length;
+        Buffer dst(raw);
+        std::memset(dst.data(), 0, raw);
+        auto encode = [&](size_t k) {
+          const Span p = piece(k);
+          return EncodePiece(spec, src.bytes().subspan(p.offset, p.length), width, base(k));
+        };
+        // Timed as the store runs it: each piece's output is dropped (written) before the next,
+        // so the allocator recycles its memory instead of faulting in fresh pages.
+        auto ce = measure([&] {
+          for (size_t k = 0; k < count; ++k) g_sink = g_sink + encode(k).stored.size();
+        });
+        for (size_t k = 0; k < count; ++k) enc[k] = encode(k);
+        auto cd = measure([&] {
+          size_t at = 0;
+          for (size_t k = 0; k < count; ++k) {
+            const Span p = piece(k);
+            const Buffer* b = base(k);
+            Check(DecodePiece(enc[k].encoding,
+                              enc[k].stored_raw() ? src.bytes().subspan(p.offset, p.length)
+                                                  : enc[k].stored.bytes(),
+                              b ? b->bytes() : Bytes{}, dst.mutable_bytes().subspan(at, p.length)),
+                  "decode piece");
+            at += p.length;
+          }
+        });
+        uint64_t stored = 0;
+        size_t at = 0;
+        for (size_t k = 0; k < count; ++k) {
+          const Span p = piece(k);
+          stored += enc[k].stored_raw() ? p.length : enc[k].stored.size();
+          if (std::memcmp(dst.data() + at, src.data() + p.offset, p.length) != 0) {
+            Die(Fmt("%s %s piece %zu does not round-trip", name, dt, k));
+          }
+          at += p.length;
+        }
+        const bool is_default = std::string(name) == "auto";
+        auto er = Rates(raw, ce), dr = Rates(raw, cd);
+        const std::string ratio = Fmt("%.3f of raw", static_cast<double>(stored) / raw);
+        const char* which = later ? "later (delta)" : "first";
+        t->Add({Fmt("%s %s %s encode", name, dt, which), Value(er, "GB/s"), Range(er), ratio,
+                is_default ? Fmt(">= 1 GB/s: %s", Median(er) >= 1.0 ? "met" : "MISSED") : ""});
+        t->Add({Fmt("%s %s %s decode", name, dt, which), Value(dr, "GB/s"), Range(dr), "",
+                is_default ? Fmt(">= 1.5 GB/s: %s", Median(dr) >= 1.5 ? "met" : "MISSED") : ""});
+      }
+    }
+  }
+}
 }  // namespace ckptfs
 
 int main(int argc, char** argv) {
   using namespace ckptfs;
-  std::string v1_path, v2_path, dir, only = "micro,e2e,hash,chunk";
+  std::string v1_path, v2_path, dir, only = "micro,e2e,hash,codec,chunk";
   int runs = 5;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -1003,7 +1170,7 @@ int main(int argc, char** argv) {
       g_format_aware = false;
     } else {
       Die("usage: engine_bench --v1 FILE --dir DIR [--v2 FILE] [--runs N] "
-          "[--only micro,e2e,hash,chunk] [--no-format-aware]");
+          "[--only micro,e2e,hash,codec,chunk] [--no-format-aware]");
     }
   }
   if (v1_path.empty() || dir.empty()) Die("--v1 and --dir are required");
@@ -1024,6 +1191,7 @@ int main(int argc, char** argv) {
   E2eResult e2e;
   if (want("e2e")) e2e = RunE2e(v1.bytes(), v2.get(), dir, runs, &main_table);
   if (want("hash")) RunHashes(v1.bytes(), v1_path, runs, &main_table);
+  if (want("codec")) RunCodecs(v1.bytes(), v2.get(), runs, &main_table);
   main_table.Print("engine throughput (GB/s = 1e9 B/s; median of runs, [min .. max])");
   if (want("chunk")) RunChunkSizes(v1.bytes(), v2.get(), dir, runs, e2e);
   return 0;

@@ -1,0 +1,431 @@
+#include "engine/codec/huffman.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <queue>
+#include <utility>
+#include <vector>
+
+#include "engine/util/coding.h"
+
+namespace ckptfs {
+namespace {
+
+constexpr int kStreams = 4;
+constexpr uint32_t kTableSize = 1u << kHuffmanMaxBits;
+constexpr uint32_t kTableMask = kTableSize - 1;
+constexpr size_t kStreamLengthBytes = 4 * (kStreams - 1);
+
+inline uint64_t Load64(const uint8_t* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);  // little-endian host
+  return v;
+}
+inline void Store64(uint8_t* p, uint64_t v) { std::memcpy(p, &v, 8); }
+inline void Store32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }
+
+// Input run k of n bytes cut into kStreams runs.
+inline size_t RunSize(size_t n) { return (n + kStreams - 1) / kStreams; }
+inline size_t RunBegin(size_t n, int k) { return std::min(n, RunSize(n) * k); }
+inline size_t RunEnd(size_t n, int k) { return std::min(n, RunSize(n) * (k + 1)); }
+
+// Code lengths of a Huffman code for `counts`, at most kHuffmanMaxBits each (counts are
+// flattened until the tree is shallow enough). The code is always complete: a lone symbol
+// gets a 1-bit code and a 1-bit partner that never occurs.
+void BuildLengths(const uint64_t counts[256], uint8_t len[256]) {
+  std::memset(len, 0, 256);
+  std::vector<int> used;
+  for (int s = 0; s < 256; ++s) {
+    if (counts[s] > 0) used.push_back(s);
+  }
+  if (used.size() <= 1) {
+    const int s = used.empty() ? 0 : used[0];
+    len[s] = 1;
+    len[s ^ 1] = 1;
+    return;
+  }
+  std::vector<uint64_t> weight(used.size());
+  for (size_t i = 0; i < used.size(); ++i) weight[i] = counts[used[i]];
+  std::vector<int> parent(2 * used.size());
+  for (;;) {
+    using Node = std::pair<uint64_t, int>;  // weight, node id (ties broken by id: deterministic)
+    std::priority_queue<Node, std::vector<Node>, std::greater<>> heap;
+    for (size_t i = 0; i < used.size(); ++i) heap.push({weight[i], static_cast<int>(i)});
+    int next = static_cast<int>(used.size());
+    while (heap.size() > 1) {
+      Node a = heap.top();
+      heap.pop();
+      Node b = heap.top();
+      heap.pop();
+      parent[a.second] = next;
+      parent[b.second] = next;
+      heap.push({a.first + b.first, next++});
+    }
+    const int root = next - 1;
+    // Depth of each node: parents have higher ids than their children.
+    std::vector<uint8_t> depth(next, 0);
+    for (int i = root - 1; i >= 0; --i) depth[i] = depth[parent[i]] + 1;
+    int max_depth = 0;
+    for (size_t i = 0; i < used.size(); ++i) max_depth = std::max<int>(max_depth, depth[i]);
+    if (max_depth <= kHuffmanMaxBits) {
+      for (size_t i = 0; i < used.size(); ++i) len[used[i]] = depth[i];
+      return;
+    }
+    for (uint64_t& w : weight) w = (w >> 1) | 1;  // flatten, keep every symbol
+  }
+}
+
+// Canonical codes for `len`, bit-reversed so that the first code bit is the lowest.
+void CanonicalCodes(const uint8_t len[256], uint16_t code[256]) {
+  uint32_t count[kHuffmanMaxBits + 1] = {};
+  for (int s = 0; s < 256; ++s) count[len[s]] += len[s] > 0;
+  uint32_t next[kHuffmanMaxBits + 2] = {};
+  uint32_t c = 0;
+  for (int l = 1; l <= kHuffmanMaxBits; ++l) {
+    c = (c + count[l - 1] * (l > 1)) << 1;
+    next[l] = c;
+  }
+  for (int s = 0; s < 256; ++s) {
+    const int l = len[s];
+    if (l == 0) continue;
+    uint32_t v = next[l]++;
+    uint32_t r = 0;
+    for (int b = 0; b < l; ++b) r |= ((v >> b) & 1) << (l - 1 - b);
+    code[s] = static_cast<uint16_t>(r);
+  }
+}
+
+// The state of one stream being written: codes pending in `acc`, the next byte at `dst`, and
+// the end of the stream's bytes (known in advance from the histogram).
+struct StreamWriter {
+  uint64_t acc = 0;
+  unsigned bits = 0;
+  uint8_t* dst;
+  uint8_t* end;
+
+  inline void Put(const uint32_t table[256], uint8_t s) {
+    const uint32_t e = table[s];
+    acc |= static_cast<uint64_t>(e & 0xffff) << bits;
+    bits += e >> 16;
+  }
+  // An 8-byte store: only while 8 bytes of the stream are left (the bytes past the pending
+  // ones are written again later).
+  inline void Flush() {
+    Store64(dst, acc);
+    dst += bits >> 3;
+    acc >>= bits & 56;
+    bits &= 7;
+  }
+  inline void FlushBytes() {
+    for (; bits >= 8; bits -= 8, acc >>= 8) *dst++ = static_cast<uint8_t>(acc);
+  }
+  inline void Finish() {
+    FlushBytes();
+    if (bits > 0) *dst++ = static_cast<uint8_t>(acc);
+    bits = 0;
+  }
+};
+
+// Writes the codes of the runs of `in` into the streams, interleaved (independent dependency
+// chains run in parallel). Each stream's bytes are exactly its precomputed length.
+void EncodeStreams(const uint8_t* in, size_t n, const uint32_t table[256], StreamWriter w[]) {
+  const uint8_t* src[kStreams];
+  size_t count[kStreams];
+  for (int k = 0; k < kStreams; ++k) {
+    src[k] = in + RunBegin(n, k);
+    count[k] = RunEnd(n, k) - RunBegin(n, k);
+  }
+  size_t i = 0;
+  const size_t common = count[kStreams - 1];  // the last run is the shortest
+  // 4 codes of at most 11 bits fit beside the 7 pending bits of a 64-bit accumulator.
+  for (; i + 4 <= common; i += 4) {
+    bool room = true;
+    for (int k = 0; k < kStreams; ++k) room &= w[k].dst + 8 <= w[k].end;
+    if (!room) break;
+    for (int k = 0; k < kStreams; ++k) {
+      w[k].Put(table, src[k][i]);
+      w[k].Put(table, src[k][i + 1]);
+      w[k].Put(table, src[k][i + 2]);
+      w[k].Put(table, src[k][i + 3]);
+      w[k].Flush();
+    }
+  }
+  for (int k = 0; k < kStreams; ++k) {
+    for (size_t j = i; j < count[k]; ++j) {
+      w[k].Put(table, src[k][j]);
+      if (w[k].dst + 8 <= w[k].end) {
+        w[k].Flush();
+      } else {
+        w[k].FlushBytes();
+      }
+    }
+    w[k].Finish();
+  }
+}
+
+// A decoding table entry: the symbols that the next kHuffmanMaxBits bits start with (up to 4,
+// as many as fit whole), their total bit count, and the first symbol's code length.
+struct Entry {
+  uint32_t symbols;
+  uint8_t count;
+  uint8_t bits;
+  uint8_t first_bits;
+  uint8_t unused;
+};
+
+Status BuildDecodeTable(const uint8_t len[256], Entry* table) {
+  uint32_t kraft = 0;
+  for (int s = 0; s < 256; ++s) {
+    if (len[s] > kHuffmanMaxBits) return Status::Corruption("huffman: code length out of range");
+    if (len[s] > 0) kraft += kTableSize >> len[s];
+  }
+  if (kraft != kTableSize) return Status::Corruption("huffman: the code is not complete");
+  uint16_t code[256];
+  CanonicalCodes(len, code);
+  std::array<uint16_t, kTableSize> single;  // symbol | length << 8
+  for (int s = 0; s < 256; ++s) {
+    if (len[s] == 0) continue;
+    for (uint32_t j = 0; j < (kTableSize >> len[s]); ++j) {
+      single[code[s] | (j << len[s])] = static_cast<uint16_t>(s | len[s] << 8);
+    }
+  }
+  for (uint32_t idx = 0; idx < kTableSize; ++idx) {
+    Entry e{0, 0, 0, static_cast<uint8_t>(single[idx] >> 8), 0};
+    while (e.count < 4) {
+      const uint16_t d = single[(idx >> e.bits) & kTableMask];
+      const int l = d >> 8;
+      if (e.bits + l > kHuffmanMaxBits) break;
+      e.symbols |= static_cast<uint32_t>(d & 0xff) << (8 * e.count);
+      e.bits = static_cast<uint8_t>(e.bits + l);
+      ++e.count;
+    }
+    table[idx] = e;
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+double EstimateEntropyBits(Bytes in, size_t sample) {
+  if (in.empty() || sample == 0) return 0;
+  const size_t stride = std::max<size_t>(1, in.size() / sample);
+  uint32_t counts[256] = {};
+  size_t m = 0;
+  const auto* p = reinterpret_cast<const uint8_t*>(in.data());
+  for (size_t i = 0; i < in.size(); i += stride, ++m) ++counts[p[i]];
+  double sum = 0;
+  for (uint32_t c : counts) {
+    if (c > 0) sum += c * std::log2(static_cast<double>(c));
+  }
+  return std::log2(static_cast<double>(m)) - sum / static_cast<double>(m);
+}
+
+namespace {
+
+// Per-stream histograms of the runs of p[0..n). Two tables per stream, so that runs of one
+// symbol (common in skewed planes) do not serialise on one counter.
+void Histograms(const uint8_t* p, size_t n, uint32_t hist[kStreams][256]) {
+  uint32_t extra[kStreams][256] = {};
+  const size_t run = RunSize(n);
+  const size_t full = n / run;  // streams whose run is complete
+  if (full == kStreams) {
+    size_t i = 0;
+    for (; i + 2 <= run; i += 2) {
+      ++hist[0][p[i]];
+      ++hist[1][p[run + i]];
+      ++hist[2][p[2 * run + i]];
+      ++hist[3][p[3 * run + i]];
+      ++extra[0][p[i + 1]];
+      ++extra[1][p[run + i + 1]];
+      ++extra[2][p[2 * run + i + 1]];
+      ++extra[3][p[3 * run + i + 1]];
+    }
+    for (; i < run; ++i) {
+      for (size_t k = 0; k < kStreams; ++k) ++hist[k][p[k * run + i]];
+    }
+  } else {
+    for (size_t i = 0; i < run; ++i) {
+      for (size_t k = 0; k < full; ++k) ++hist[k][p[k * run + i]];
+    }
+    for (size_t i = full * run; i < n; ++i) ++hist[full][p[i]];
+  }
+  for (int k = 0; k < kStreams; ++k) {
+    for (int s = 0; s < 256; ++s) hist[k][s] += extra[k][s];
+  }
+}
+
+// The code lengths for `in` and the encoded size: header and each stream's bytes.
+struct Plan {
+  uint8_t len[256];
+  int last = 0;  // the last symbol with a code
+  size_t header = 0;
+  size_t stream_bytes[kStreams];
+  size_t total = 0;
+};
+
+void MakePlan(const uint32_t hist[kStreams][256], Plan* plan) {
+  uint64_t counts[256];
+  for (int s = 0; s < 256; ++s) {
+    counts[s] = uint64_t{hist[0][s]} + hist[1][s] + hist[2][s] + hist[3][s];
+  }
+  BuildLengths(counts, plan->len);
+  for (int s = 0; s < 256; ++s) {
+    if (plan->len[s] > 0) plan->last = s;
+  }
+  plan->header = 1 + (plan->last + 2) / 2 + kStreamLengthBytes;
+  plan->total = plan->header;
+  for (int k = 0; k < kStreams; ++k) {
+    uint64_t bits = 0;
+    for (int s = 0; s < 256; ++s) bits += uint64_t{hist[k][s]} * plan->len[s];
+    plan->stream_bytes[k] = (bits + 7) / 8;
+    plan->total += plan->stream_bytes[k];
+  }
+}
+
+}  // namespace
+
+size_t HuffmanEncodedSize(Bytes in) {
+  if (in.empty() || in.size() > UINT32_MAX) return SIZE_MAX;
+  uint32_t hist[kStreams][256] = {};
+  Histograms(reinterpret_cast<const uint8_t*>(in.data()), in.size(), hist);
+  Plan plan;
+  MakePlan(hist, &plan);
+  return plan.total;
+}
+
+bool HuffmanEncode(Bytes in, Buffer* out) {
+  const size_t n = in.size();
+  if (n == 0 || n > UINT32_MAX) return false;
+  const auto* p = reinterpret_cast<const uint8_t*>(in.data());
+  uint32_t hist[kStreams][256] = {};
+  Histograms(p, n, hist);
+  Plan plan;
+  MakePlan(hist, &plan);
+  const uint8_t* len = plan.len;
+  const int last = plan.last;
+  const size_t header = plan.header;
+  const size_t total = plan.total;
+  const size_t* stream_bytes = plan.stream_bytes;
+  if (total >= n) return false;
+  uint16_t code[256] = {};
+  CanonicalCodes(len, code);
+
+  out->Resize(total);
+  auto* o = reinterpret_cast<uint8_t*>(out->data());
+  o[0] = static_cast<uint8_t>(last);
+  for (int s = 0; s <= last; s += 2) {
+    o[1 + s / 2] = static_cast<uint8_t>(len[s] | (s + 1 < 256 ? len[s + 1] << 4 : 0));
+  }
+  for (int k = 0; k < kStreams - 1; ++k) {
+    PutLE<uint32_t>(o + 1 + (last + 2) / 2 + 4 * k, static_cast<uint32_t>(stream_bytes[k]));
+  }
+  uint32_t table[256];
+  for (int s = 0; s < 256; ++s) table[s] = code[s] | static_cast<uint32_t>(len[s]) << 16;
+  StreamWriter w[kStreams];
+  uint8_t* dst = o + header;
+  for (int k = 0; k < kStreams; ++k) {
+    w[k].dst = dst;
+    dst += stream_bytes[k];
+    w[k].end = dst;
+  }
+  EncodeStreams(p, n, table, w);
+  out->Resize(total);
+  return true;
+}
+
+Status HuffmanDecode(Bytes stored, MutableBytes out_bytes) {
+  const auto* in = reinterpret_cast<const uint8_t*>(stored.data());
+  const size_t size = stored.size();
+  if (size < 1) return Status::Corruption("huffman: empty stream");
+  const int last = in[0];
+  const size_t nibble_bytes = (last + 2) / 2;
+  const size_t header = 1 + nibble_bytes + kStreamLengthBytes;
+  if (size < header) return Status::Corruption("huffman: header is truncated");
+  uint8_t len[256] = {};
+  for (int s = 0; s <= last; ++s) len[s] = (in[1 + s / 2] >> (4 * (s & 1))) & 0xf;
+  static_assert(sizeof(Entry) == 8);
+  thread_local std::array<Entry, kTableSize> table;
+  CKPTFS_RETURN_IF_ERROR(BuildDecodeTable(len, table.data()));
+
+  // Streams: [begin, end) in bits from `data`, and the output run each fills.
+  const uint8_t* data = in + header;
+  const size_t data_size = size - header;
+  size_t begin[kStreams], end_bits[kStreams];
+  size_t at = 0;
+  for (int k = 0; k < kStreams; ++k) {
+    size_t bytes = k < kStreams - 1 ? GetLE<uint32_t>(in + 1 + nibble_bytes + 4 * k)
+                                    : data_size - std::min(at, data_size);
+    if (bytes > data_size - std::min(at, data_size)) {
+      return Status::Corruption("huffman: stream lengths exceed the record");
+    }
+    begin[k] = at * 8;
+    at += bytes;
+    end_bits[k] = at * 8;
+  }
+  const size_t n = out_bytes.size();
+  auto* out_base = reinterpret_cast<uint8_t*>(out_bytes.data());
+  uint8_t* out[kStreams];
+  uint8_t* out_end[kStreams];
+  size_t pos[kStreams];
+  for (int k = 0; k < kStreams; ++k) {
+    out[k] = out_base + RunBegin(n, k);
+    out_end[k] = out_base + RunEnd(n, k);
+    pos[k] = begin[k];
+  }
+  const Entry* t = table.data();
+
+  // Fast loop: each round decodes 4 table entries per stream (at most 44 bits, 16 bytes) from
+  // one 8-byte load; it runs as many rounds as every stream has room for, input and output.
+  for (;;) {
+    size_t rounds = SIZE_MAX;
+    for (int k = 0; k < kStreams; ++k) {
+      const size_t room_out = static_cast<size_t>(out_end[k] - out[k]) / 16;
+      if (data_size < 8 || pos[k] / 8 > data_size - 8) {
+        rounds = 0;
+        break;
+      }
+      const size_t room_in = ((data_size - 8) * 8 - pos[k]) / 44 + 1;
+      rounds = std::min({rounds, room_out, room_in});
+    }
+    if (rounds == 0) break;
+    for (size_t r = 0; r < rounds; ++r) {
+      for (int k = 0; k < kStreams; ++k) {
+        uint64_t b = Load64(data + (pos[k] >> 3)) >> (pos[k] & 7);
+        unsigned used = 0;
+        for (int j = 0; j < 4; ++j) {
+          const Entry e = t[(b >> used) & kTableMask];
+          Store32(out[k], e.symbols);
+          out[k] += e.count;
+          used += e.bits;
+        }
+        pos[k] += used;
+      }
+    }
+  }
+  // Tails, one symbol at a time with bounds-checked loads.
+  for (int k = 0; k < kStreams; ++k) {
+    while (out[k] < out_end[k]) {
+      if (pos[k] > end_bits[k]) break;
+      uint64_t b = 0;
+      const size_t byte = pos[k] >> 3;
+      if (byte + 8 <= data_size) {
+        b = Load64(data + byte);
+      } else if (byte < data_size) {
+        std::memcpy(&b, data + byte, data_size - byte);
+      }
+      const Entry e = t[(b >> (pos[k] & 7)) & kTableMask];
+      *out[k]++ = static_cast<uint8_t>(e.symbols);
+      pos[k] += e.first_bits;
+    }
+    // A stream must end in its last byte: not before it, not past it.
+    if (pos[k] > end_bits[k] || (end_bits[k] > begin[k] && pos[k] + 8 <= end_bits[k]) ||
+        (end_bits[k] == begin[k] && pos[k] != begin[k])) {
+      return Status::Corruption("huffman: a stream does not end where its length says");
+    }
+  }
+  return Status::OK();
+}
+
+}  // namespace ckptfs

@@ -1,0 +1,49 @@
+// engine/codec/huffman.h
+//
+// A canonical Huffman coder for byte strings with a skewed distribution: the exponent plane of
+// float tensors, the high planes of deltas. Made for speed on one core: the input is split into
+// 4 streams that are decoded interleaved, with a table that yields up to 4 symbols per lookup.
+//
+//   Buffer out;
+//   if (HuffmanEncode(plane, &out)) { ... out holds the encoded plane ... }
+//   Status st = HuffmanDecode(out.bytes(), back);  // back: exactly plane.size() bytes
+//
+// Format (all integers little-endian): last symbol L (u8); the code length of symbols 0..L,
+// 4 bits each (low nibble first; 0 = absent, at most kHuffmanMaxBits); the byte length of
+// streams 0..2 (LE32 each; stream 3 is the rest); the 4 streams. The input is cut into 4 runs
+// of ceil(n/4) bytes (the last one shorter); each stream holds its run's codes, the first
+// code bit in the lowest bit of the first byte, padded with zero bits to a byte.
+//
+// HuffmanDecode returns Corruption for a malformed table (a code that is not complete), stream
+// lengths that do not add up, or a stream that does not end exactly at its last byte. A stream
+// with flipped bits inside can still decode to wrong bytes of the right length: the callers'
+// checksums (record XXH3, chunk SHA-256) catch those, as they do for lz4 and zstd.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "engine/util/buffer.h"
+#include "engine/util/status.h"
+
+namespace ckptfs {
+
+inline constexpr int kHuffmanMaxBits = 11;
+
+// Bits per byte of `in` estimated from a histogram of at most `sample` evenly spread bytes
+// (Shannon entropy of the sample; 8 for random bytes, 0 for a constant). Cheap: for deciding
+// whether a plane is worth coding at all.
+double EstimateEntropyBits(Bytes in, size_t sample = 4096);
+
+// Encodes `in` (non-empty) into `out`; returns false, leaving `out` unspecified, when the
+// result would not be smaller than `in`.
+bool HuffmanEncode(Bytes in, Buffer* out);
+
+// The size HuffmanEncode(in) would have (SIZE_MAX for an empty input), without encoding: the
+// histogram and the code only. For choosing between encodings cheaply.
+size_t HuffmanEncodedSize(Bytes in);
+
+// Decodes `stored` into `out`, which must hold exactly the encoded input's length.
+Status HuffmanDecode(Bytes stored, MutableBytes out);
+
+}  // namespace ckptfs
