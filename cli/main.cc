@@ -22,6 +22,10 @@ namespace ckptfs {
 namespace {
 
 constexpr size_t kIoBytes = 4 << 20;
+constexpr const char* kCodecHelp =
+    "how new records are compressed: auto, lz4, zstd, zstd:LEVEL, auto+zstd:LEVEL or none; "
+    "default: what the store recorded when it was created (auto for a new store). For an "
+    "existing store it applies while this process has it open and is not recorded";
 
 int Fail(const Status& s) {
   std::fprintf(stderr, "ckptfs: %s\n", s.ToString().c_str());
@@ -35,9 +39,11 @@ Result<std::unique_ptr<Store>> OpenExisting(const std::string& dir, StoreOptions
 
 int Put(const std::string& dir, const std::string& name, const std::string& codec) {
   StoreOptions options;
-  auto spec = CodecSpec::Parse(codec);
-  if (!spec.ok()) return Fail(spec.status());
-  options.codec = *spec;
+  if (!codec.empty()) {
+    auto spec = CodecSpec::Parse(codec);
+    if (!spec.ok()) return Fail(spec.status());
+    options.codec = *spec;
+  }
   auto store = Store::Open(dir, options);
   if (!store.ok()) return Fail(store.status());
   auto writer = (*store)->NewWriter();
@@ -249,13 +255,13 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "ckptfs " CKPTFS_VERSION);
   bool verbose = false;
   app.add_flag("-v,--verbose", verbose, "log what the store does");
-  std::string store, name, codec = "lz4";
+  std::string store, name, codec;  // empty: the store's recorded codec
   double rewrite_below = 0.5;
 
   auto* put = app.add_subcommand("put", "store standard input as NAME (replacing it)");
   put->add_option("STORE", store, "store directory (created if missing)")->required();
   put->add_option("NAME", name, "name to store it under")->required();
-  put->add_option("--codec", codec, "none, lz4, zstd or zstd:LEVEL")->capture_default_str();
+  put->add_option("--codec", codec, ckptfs::kCodecHelp);
   auto* get = app.add_subcommand("get", "write the content named NAME to standard output");
   get->add_option("STORE", store)->required();
   get->add_option("NAME", name)->required();
@@ -290,7 +296,7 @@ int main(int argc, char** argv) {
   mount
       ->add_option("--inflight", inflight_size, "bytes queued for compression before write() waits")
       ->capture_default_str();
-  mount->add_option("--codec", codec, "none, lz4, zstd or zstd:LEVEL")->capture_default_str();
+  mount->add_option("--codec", codec, ckptfs::kCodecHelp);
   mount
       ->add_option("--delta-chain", margs.max_delta_chain,
                    "records a read may decode per chunk: a whole one and deltas on it; 1: "
@@ -340,13 +346,13 @@ int main(int argc, char** argv) {
   if (*mount) {
     auto cache = ParseSize(cache_size);
     auto inflight = ParseSize(inflight_size);
-    auto spec = CodecSpec::Parse(codec);
+    auto spec = codec.empty() ? Result<CodecSpec>(CodecSpec{}) : CodecSpec::Parse(codec);
     for (const Status& st : {cache.status(), inflight.status(), spec.status()}) {
       if (!st.ok()) return Fail(st);
     }
     margs.cache_bytes = *cache;
     margs.inflight_bytes = *inflight;
-    margs.codec = *spec;
+    if (!codec.empty()) margs.codec = *spec;
     margs.seal_after = std::chrono::milliseconds(static_cast<int64_t>(seal_after * 1000));
     margs.snapshot_timeout =
         std::chrono::milliseconds(static_cast<int64_t>(snapshot_timeout * 1000));

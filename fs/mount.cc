@@ -82,6 +82,7 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
     ready.Report(store.status().ToString());
     return 1;
   }
+  const std::string codec = (*store)->options().codec->ToString();  // given, else recorded
   if (!args.foreground) {
     try {
       auto log = spdlog::basic_logger_mt("ckptfs-daemon", args.store + "/ckptfs.log");
@@ -158,7 +159,7 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
   }
   spdlog::info("mounted {} at {} (cache {} MiB, inflight {} MiB, codec {}, delta chain {})",
                args.store, args.mountpoint, args.cache_bytes >> 20, args.inflight_bytes >> 20,
-               args.codec.ToString(), args.max_delta_chain);
+               codec, args.max_delta_chain);
   ready.Report("");
   // Under systemd (Type=notify): units ordered after this one start once the mount serves.
   if (Status s = NotifyServiceManager("READY=1\nSTATUS=serving " + args.mountpoint); !s.ok()) {

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,7 +25,7 @@ struct MountArgs {
   bool foreground = false;
   size_t cache_bytes = 256u << 20;
   size_t inflight_bytes = 256u << 20;
-  CodecSpec codec;
+  std::optional<CodecSpec> codec;  // unset: the store's recorded codec (StoreOptions::codec)
   uint32_t max_delta_chain = StoreOptions{}.max_delta_chain;
   std::chrono::milliseconds seal_after{std::chrono::seconds(10)};
   // A snapshot version whose ranks have not all committed this long after the first began is

@@ -26,7 +26,7 @@ TEST(ApplyMountOptions, DaemonOptionsSetTheirFlags) {
                   .ok());
   EXPECT_EQ(args.cache_bytes, 128u << 20);
   EXPECT_EQ(args.inflight_bytes, 64u << 20);
-  EXPECT_EQ(args.codec.ToString(), CodecSpec::Parse("zstd:5")->ToString());
+  EXPECT_EQ(args.codec->ToString(), CodecSpec::Parse("zstd:5")->ToString());
   EXPECT_EQ(args.max_delta_chain, 3u);
   EXPECT_EQ(args.seal_after, std::chrono::milliseconds(2500));
   EXPECT_EQ(args.snapshot_timeout, std::chrono::seconds(60));
@@ -47,7 +47,7 @@ TEST(ApplyMountOptions, LaterOptionsWin) {
   ASSERT_TRUE(ApplyMountOptions("codec=none,cache_size=1M", &args).ok());
   ASSERT_TRUE(ApplyMountOptions("cache_size=2M", &args).ok());
   EXPECT_EQ(args.cache_bytes, 2u << 20);
-  EXPECT_EQ(args.codec.ToString(), CodecSpec::Parse("none")->ToString());
+  EXPECT_EQ(args.codec->ToString(), CodecSpec::Parse("none")->ToString());
 }
 
 TEST(ApplyMountOptions, BadValuesAreRefusedByName) {

@@ -208,7 +208,7 @@ Status Store::RematerializeOrphanedDeltas(GcReport* report) {
         report->skipped.push_back("chunk " + id.ShortHex() + ": " + raw.status().message());
         continue;
       }
-      EncodedPiece piece = EncodePiece(options_.codec, raw->bytes(), row.width, nullptr);
+      EncodedPiece piece = EncodePiece(*options_.codec, raw->bytes(), row.width, nullptr);
       Buffer payload = piece.stored_raw() ? std::move(*raw) : std::move(piece.stored);
       const RecordHeader header =
           RecordHeader::For(id, row.raw_len, piece.encoding, payload.bytes());

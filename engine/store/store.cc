@@ -35,19 +35,28 @@ std::string ContentMetaKey(ContentId id) {
   return key;
 }
 
-// Reads or creates ckptfs.json; returns the chunking parameters the store was created with.
-Result<FastCdc::Params> LoadConfig(const std::filesystem::path& dir, const StoreOptions& options,
-                                   bool create) {
+// What ckptfs.json fixes or records for a store.
+struct StoreConfig {
+  FastCdc::Params chunking;
+  CodecSpec codec;  // for new records (StoreOptions::codec)
+};
+
+// Reads or creates ckptfs.json: the chunking parameters the store was created with and the
+// codec for new records (options.codec if given, else the recorded one, else the default).
+Result<StoreConfig> LoadConfig(const std::filesystem::path& dir, const StoreOptions& options,
+                               bool create) {
   const auto path = dir / kConfigFile;
   if (create) {
+    const CodecSpec codec = options.codec.value_or(CodecSpec{});
     nlohmann::json config = {{"format", kStoreFormatVersion},
                              {"created_by", "ckptfs " CKPTFS_VERSION},
                              {"chunking",
                               {{"min", options.chunking.min_size},
                                {"avg", options.chunking.avg_size},
-                               {"max", options.chunking.max_size}}}};
+                               {"max", options.chunking.max_size}}},
+                             {"codec", codec.ToString()}};
     CKPTFS_RETURN_IF_ERROR(WriteFileAtomic(path, config.dump(2) + "\n"));
-    return options.chunking;
+    return StoreConfig{options.chunking, codec};
   }
   CKPTFS_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(path));
   nlohmann::json config = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -82,7 +91,21 @@ Result<FastCdc::Params> LoadConfig(const std::filesystem::path& dir, const Store
     }
   }
   CKPTFS_RETURN_IF_ERROR(FastCdc::Validate(p));
-  return p;
+  CodecSpec codec;
+  if (config.contains("codec")) {
+    auto recorded = config["codec"].is_string()
+                        ? CodecSpec::Parse(config["codec"].get<std::string>())
+                        : Result<CodecSpec>(Status::InvalidArgument("not a string"));
+    if (!recorded.ok()) {
+      return Status::Corruption(path.string() + ": \"codec\" is not a codec this ckptfs knows");
+    }
+    codec = *recorded;
+  }
+  if (options.codec && options.codec->ToString() != codec.ToString()) {
+    spdlog::info("store {} records codec {}; new records use {} while it is open", dir.string(),
+                 codec.ToString(), options.codec->ToString());
+  }
+  return StoreConfig{p, options.codec.value_or(codec)};
 }
 
 }  // namespace
@@ -130,7 +153,9 @@ Result<std::unique_ptr<Store>> Store::Open(const std::filesystem::path& dir,
   (void)::ftruncate(store->lock_fd_.get(), 0);
   (void)PWriteFull(store->lock_fd_.get(), 0, AsBytes(pid), dir / "LOCK");
 
-  CKPTFS_ASSIGN_OR_RETURN(store->options_.chunking, LoadConfig(dir, options, !exists));
+  CKPTFS_ASSIGN_OR_RETURN(StoreConfig config, LoadConfig(dir, options, !exists));
+  store->options_.chunking = config.chunking;
+  store->options_.codec = config.codec;
   CKPTFS_ASSIGN_OR_RETURN(store->catalog_,
                           Catalog::Open(dir / "catalog", options.space_reserve_bytes));
   store->reader_ =
@@ -275,7 +300,7 @@ Result<ChunkRow> Store::PutChunk(const ChunkId& id, Buffer raw, const PieceHint&
                    id.ShortHex(), hint.base->first.ShortHex(), loaded.status().ToString());
     }
   }
-  EncodedPiece piece = EncodePiece(options_.codec, raw.bytes(), hint.width, base.get());
+  EncodedPiece piece = EncodePiece(*options_.codec, raw.bytes(), hint.width, base.get());
   const bool delta = IsDelta(piece.encoding.transform);
   Buffer payload;
   if (delta) {

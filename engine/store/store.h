@@ -35,6 +35,7 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <string>
 #include <unordered_map>
@@ -60,7 +61,12 @@ inline constexpr uint32_t kStoreFormatVersion = 2;
 
 struct StoreOptions {
   bool create_if_missing = true;
-  CodecSpec codec;           // for new records
+  // How new records are compressed. Unset: as recorded in the store's ckptfs.json ("codec"),
+  // or the default CodecSpec ("auto") for a new store or one that recorded none. A new store
+  // records the codec it was created with; a codec given for an existing store applies to the
+  // records written while it is open and is not recorded (records name their own codec, so
+  // reads never depend on it).
+  std::optional<CodecSpec> codec;
   FastCdc::Params chunking;  // used when creating a store; fixed afterwards
   // Also end chunks where the records of a torch.save zip start and end (format/torch_zip.h),
   // so that a changed tensor shares no chunk with an unchanged one. Changing it changes

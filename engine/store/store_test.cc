@@ -246,3 +246,41 @@ TEST_F(StoreTest, FullDiskFailsTheWriteAndKeepsEarlierContents) {
 
 }  // namespace
 }  // namespace ckptfs
+
+namespace ckptfs {
+namespace {
+
+TEST_F(StoreTest, TheCodecIsRecordedAtCreationAndUsedOnReopenUnlessGiven) {
+  // A new store without a codec records the default.
+  EXPECT_EQ(Open().options().codec->ToString(), "auto");
+  store_.reset();
+  std::filesystem::remove_all(dir_);
+  // Created with zstd:5: recorded, and a reopen without flags uses it.
+  StoreOptions o;
+  o.codec = *CodecSpec::Parse("zstd:5");
+  Open(o);
+  store_.reset();
+  auto json = ReadSmallFile(dir_ / "ckptfs.json");
+  ASSERT_TRUE(json.ok());
+  EXPECT_NE(json->find("\"codec\": \"zstd:5\""), std::string::npos) << *json;
+  EXPECT_EQ(Open().options().codec->ToString(), "zstd:5");
+  // A codec given for an existing store applies while it is open and is not recorded.
+  o.codec = *CodecSpec::Parse("lz4");
+  EXPECT_EQ(Open(o).options().codec->ToString(), "lz4");
+  EXPECT_EQ(Open().options().codec->ToString(), "zstd:5");
+  // A store from before codecs were recorded gets the default.
+  store_.reset();
+  ASSERT_TRUE(WriteFileAtomic(dir_ / "ckptfs.json",
+                              "{\"format\": 2, \"chunking\": {\"min\": 65536, \"avg\": "
+                              "262144, \"max\": 1048576}}\n")
+                  .ok());
+  EXPECT_EQ(Open().options().codec->ToString(), "auto");
+  // An unknown codec name is a damaged configuration, not a silent default.
+  store_.reset();
+  ASSERT_TRUE(
+      WriteFileAtomic(dir_ / "ckptfs.json", "{\"format\": 2, \"codec\": \"brotli\"}\n").ok());
+  EXPECT_FALSE(Store::Open(dir_, StoreOptions{}).ok());
+}
+
+}  // namespace
+}  // namespace ckptfs
