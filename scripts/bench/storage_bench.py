@@ -2,14 +2,14 @@
 """The storage benchmark behind scripts/bench/storage.sh: what each version of a real training
 trajectory costs to keep, in ckptfs and in the usual tools, measured from outside.
 
-Input: a directory of trajectories as scripts/gen_trajectory.py writes them
-(DIR/<trajectory>/global_step<N>/*.pt, DIR/<trajectory>/latest). For each trajectory, versions
-in step order:
+Input: directories of trajectories as scripts/gen_trajectory.py writes them
+(DIR/<trajectory>/global_step<N>/*.pt, DIR/<trajectory>/latest), and of real pretrained weights
+as scripts/bench/pretrained_weights.py writes them (one version per dtype). For each
+trajectory, versions in step order:
 
   raw      the bytes of the version's files.
-  ckptfs   one fresh store per trajectory, mounted with `ckptfs mount --codec CODEC`
-           (default zstd:3: the peer is zstd -3, so both sides use the same compressor and level
-           and what differs is what ckptfs adds: chunking, dedup and, later, delta encoding);
+  ckptfs   one fresh store per trajectory, mounted with `ckptfs mount` and default options,
+           as a user would (--codec CODEC only when given);
            `cp -r VERSION MNT/`, `latest` rewritten with the tag (as DeepSpeed does), then
            `ckptfs sync MNT`. Stored bytes added = growth of the store's pack bytes (the
            `ckptfs stats MNT` pack_bytes, cross-checked against the sizes of STORE/packs/*).
@@ -49,7 +49,7 @@ import sys
 import time
 
 T0 = time.monotonic()
-ORDER = ["fp32", "bf16", "finetune"]
+ORDER = ["fp32", "bf16", "finetune", "pretrained-fp32", "pretrained-fp16", "pretrained-bf16"]
 
 
 def log(msg):
@@ -126,7 +126,8 @@ class Mount:
 
     def __enter__(self):
         os.makedirs(self.mnt, exist_ok=True)
-        run([self.args.bin, "mount", self.store, self.mnt, "--codec", self.args.codec])
+        codec = ["--codec", self.args.codec] if self.args.codec else []
+        run([self.args.bin, "mount", self.store, self.mnt] + codec)
         self.mounted = True
         return self
 
@@ -322,8 +323,12 @@ def rows(res):
     return out
 
 
+def codec_label(args):
+    return f"--codec {args.codec}" if args.codec else "(default options)"
+
+
 def table(results, args):
-    print(f"\n| trajectory | version | raw MB | ckptfs --codec {args.codec} MB (/raw) | "
+    print(f"\n| trajectory | version | raw MB | ckptfs {codec_label(args)} MB (/raw) | "
           f"zstd -3 MB (/raw) | restic MB (/raw) | borg {args.borg_compression} MB (/raw) | "
           "ckptfs/zstd bytes | ingest s: ckptfs / cp / zstd -T2 | ckptfs/cp time | "
           "ckptfs/zstd time |")
@@ -367,16 +372,20 @@ def table(results, args):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--data", required=True, help="trajectories (gen_trajectory.py --out)")
+    ap.add_argument("--data", required=True, action="append",
+                    help="trajectories (gen_trajectory.py --out, pretrained_weights.py --out); "
+                         "may be given more than once")
     ap.add_argument("--dir", required=True, help="scratch directory (stores, repositories)")
     ap.add_argument("--bin", default="build/ckptfs")
-    ap.add_argument("--codec", default="zstd:3")
+    ap.add_argument("--codec", default="",
+                    help="ckptfs mount --codec; default: none given (the store's default)")
     ap.add_argument("--borg-compression", default="zstd,3")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--json", help="also write every measurement there")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    trajs = trajectories(args.data)
+    trajs = [t for d in args.data for t in trajectories(d)]
+    trajs.sort(key=lambda t: (ORDER.index(t[0]) if t[0] in ORDER else len(ORDER), t[0]))
     if not trajs:
         raise SystemExit(f"storage_bench: no DIR/<trajectory>/global_step<N>/ in {args.data}")
     versions = {
@@ -391,8 +400,8 @@ def main():
     for name, tdir, vs in trajs:
         log(f"{name}: {len(vs)} versions ({vs[0]} .. {vs[-1]})")
         results.append(measure(args, name, tdir, vs))
-    print(f"\nstorage bench: {len(results)} trajectories from {args.data}; ckptfs --codec "
-          f"{args.codec}; ingest times are medians of {args.runs} run(s); MB = 10^6 bytes; "
+    print(f"\nstorage bench: {len(results)} trajectories from {', '.join(args.data)}; ckptfs "
+          f"{codec_label(args)}; ingest times are medians of {args.runs} run(s); MB = 10^6 bytes; "
           f"{versions['zstd']}; {versions['restic']} (repository v2, compression auto); "
           f"{versions['borg']} "
           f"(--compression {args.borg_compression}); load at the end "
