@@ -13,7 +13,7 @@
 #   --dir DIR    scratch directory on the disk to measure (default: new one under /var/tmp);
 #                everything written there is removed at the end
 #   --no-tuning  skip the writeback-cache, readahead and diagnostic rows (about half the time)
-#   --spool-compare  only the default mount and one with the write spool off (CKPTFS_SPOOL=0),
+#   --spool-compare  only the default mount (no spool) and one with the write spool (CKPTFS_SPOOL=1),
 #                no readahead/cache rows
 #   --json FILE  also write every raw measurement there
 #   --no-build   use build/ckptfs as it is (e.g. while someone else builds in build/)

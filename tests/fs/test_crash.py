@@ -128,6 +128,13 @@ class CrashTest(mounted.MountedTestCase):
 
 
     def test_sigkill_during_ingest_from_the_spool(self):
+        # The spool is off by default (fs/mount.cc); CKPTFS_SPOOL=1 turns it on for this daemon.
+        self.m.umount()
+        os.environ["CKPTFS_SPOOL"] = "1"
+        try:
+            self.m.mount()
+        finally:
+            del os.environ["CKPTFS_SPOOL"]
         v = self.version_dir("global_step7")
         e, f_, g = (os.path.join(v, n) for n in ("E.pt", "F.pt", "G.pt"))
         F_BYTES = 1024 * MiB  # more than is written before the kill: F is open at the kill
