@@ -113,10 +113,10 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
   }
   FileSystemOptions fs_options;
   fs_options.seal_after = args.seal_after;
-  // The write spool measured slower than ingesting on the request thread (fs.sh
-  // --spool-compare on a quiet machine: durable save 2.24x vs 1.69x native, 1.3x the daemon
-  // CPU, and its pages were written back to disk; docs/fs.md, "Write path"), so the daemon
-  // runs without it unless CKPTFS_SPOOL=1 (the benchmark's and the crash test's switch).
+  // The write spool cost more than it saved in a quiet fs.sh --spool-compare (1.3x the
+  // daemon CPU, its pages written back to disk, RSS over budget; durable save 4.51 s vs
+  // 4.32 s, no-fsync save 4.92 s vs 5.57 s; docs/fs.md, "Tuning choices"), so the daemon runs
+  // without it unless CKPTFS_SPOOL=1 (the benchmark's and the crash test's switch).
   if (const char* spool = std::getenv("CKPTFS_SPOOL"); spool && std::string(spool) == "1") {
     spdlog::warn("CKPTFS_SPOOL=1: writes land in a spool and are ingested behind the writer");
   } else {

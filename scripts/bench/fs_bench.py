@@ -508,7 +508,7 @@ def print_table(R, args):
 
     print(f"\nckptfs filesystem benchmark: {size / GIB:.2f} GiB torch checkpoint "
           f"(model + Adam), {args.runs} runs, medians; ratios are medians of per-run ratios")
-    print(f"mount options: --cache-size {args.cache_size} --inflight {args.inflight}, lz4; "
+    print(f"mount options: --cache-size {args.cache_size} --inflight {args.inflight}, default codec (auto); "
           f"native: a directory on the same filesystem\n")
     print("| measurement | ckptfs | range | native | ratio | ratio range | note |")
     print("|---|---|---|---|---|---|---|")
@@ -585,7 +585,7 @@ def print_table(R, args):
     changed = st["contents"] - args.runs
     print(f"\noff: {changed:.0f} saves of changed state + {args.runs} of the unchanged state; "
           f"stored per changed save {st['pack bytes'] / changed / size:.4f} of the file "
-          f"(lz4 on fp32), per unchanged save ~0")
+          f"(default codec on fp32, deltas), per unchanged save ~0")
     budget = R["budget"]
     print("\n| daemon peak RSS | VmHWM | peak RssAnon (20 ms samples) | cache + inflight |")
     print("|---|---|---|---|")
