@@ -9,18 +9,10 @@
 #include <random>
 #include <thread>
 
+#include "engine/util/test_buffers.h"
+
 namespace ckptfs {
 namespace {
-
-Buffer RandomBuffer(size_t n, uint32_t seed) {
-  std::mt19937_64 rng(seed);
-  Buffer b(n);
-  for (size_t i = 0; i < n; i += 8) {
-    uint64_t v = rng();
-    std::memcpy(b.data() + i, &v, std::min<size_t>(8, n - i));
-  }
-  return b;
-}
 
 // Every test runs with writes spooled and ingested behind (the daemon's default) and without.
 class OpenInodeTest : public ::testing::TestWithParam<bool> {

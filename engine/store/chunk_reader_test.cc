@@ -13,19 +13,10 @@
 
 #include "engine/store/content_writer.h"
 #include "engine/store/store.h"
+#include "engine/util/test_buffers.h"
 
 namespace ckptfs {
 namespace {
-
-Buffer RandomBuffer(size_t n, uint32_t seed) {
-  std::mt19937_64 rng(seed);
-  Buffer b(n);
-  for (size_t i = 0; i < n; i += 8) {
-    uint64_t v = rng();
-    std::memcpy(b.data() + i, &v, std::min<size_t>(8, n - i));
-  }
-  return b;
-}
 
 class ChunkReaderTest : public ::testing::Test {
  protected:
