@@ -1,5 +1,9 @@
 #include "engine/format/torch_zip.h"
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include <algorithm>
 #include <cstring>
 
@@ -18,6 +22,34 @@ constexpr uint16_t kFlagStrongEncryption = 1 << 6;
 constexpr uint16_t kFlagMaskedHeader = 1 << 13;
 constexpr uint16_t kExtraZip64 = 0x0001;
 constexpr uint32_t kSize32Escape = 0xFFFFFFFF;
+
+// The first p in [from, last] at which the descriptor signature starts, or last + 1.
+// REQUIRES: d[0 .. last + 3] readable. 32 candidates per step (SSE2, x86-64's baseline) for
+// "PK", then the whole signature: the memchr for 'P' it replaces restarted every ~300 bytes of
+// fp32 data (a 'P' in a random mantissa byte); on 256 MiB of N(0, 0.02) fp32 this runs at
+// 12 GB/s against memchr's 6 GB/s (one core of the shared 2-core machine, load 10).
+size_t FindDescriptorSignature(const std::byte* d, size_t from, size_t last) {
+  size_t i = from;
+#if defined(__SSE2__)
+  const __m128i p = _mm_set1_epi8(static_cast<char>(kDescriptorSignature[0]));
+  const __m128i k = _mm_set1_epi8(static_cast<char>(kDescriptorSignature[1]));
+  auto at = [&](size_t o) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(d + o)); };
+  for (; i + 32 <= last + 1; i += 32) {  // candidates i .. i + 31, bytes up to i + 32
+    const __m128i lo = _mm_and_si128(_mm_cmpeq_epi8(at(i), p), _mm_cmpeq_epi8(at(i + 1), k));
+    const __m128i hi = _mm_and_si128(_mm_cmpeq_epi8(at(i + 16), p), _mm_cmpeq_epi8(at(i + 17), k));
+    uint32_t mask = static_cast<uint32_t>(_mm_movemask_epi8(lo)) |
+                    static_cast<uint32_t>(_mm_movemask_epi8(hi)) << 16;
+    for (; mask != 0; mask &= mask - 1) {
+      const size_t c = i + static_cast<size_t>(__builtin_ctz(mask));
+      if (std::memcmp(d + c, kDescriptorSignature, 4) == 0) return c;
+    }
+  }
+#endif
+  for (; i <= last; ++i) {
+    if (std::memcmp(d + i, kDescriptorSignature, 4) == 0) return i;
+  }
+  return last + 1;
+}
 
 }  // namespace
 
@@ -197,15 +229,13 @@ size_t TorchZipCutter::ScanDescribedData(Bytes data) {
       return n;
     }
   }
-  // Candidates that start in data, as long as their window lies inside it. (memchr for the
-  // signature's first byte, then a compare, is 3x faster than memmem on fp32 tensors.)
+  // Candidates that start in data, as long as their window lies inside it.
   if (data.size() >= w) {
     const std::byte* d = data.data();
     const size_t last = data.size() - w;  // the last start whose window fits
     for (size_t i = 0; i <= last;) {
-      const void* hit = std::memchr(d + i, 'P', last + 1 - i);
-      if (hit == nullptr) break;
-      const size_t p = static_cast<size_t>(static_cast<const std::byte*>(hit) - d);
+      const size_t p = FindDescriptorSignature(d, i, last);  // w >= 16: d[last + 3] is data
+      if (p > last) break;
       if (IsDescriptor(d + p, offset_ + p)) {
         offset_ += p + w;
         Report(offset_ - w, false);

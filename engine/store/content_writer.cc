@@ -7,6 +7,26 @@
 #include "engine/store/store.h"
 
 namespace ckptfs {
+namespace {
+
+// The chunk id of `piece`. An unchanged piece (a frozen tensor, a state saved again) has its
+// delta base's bytes: when those are in the cache, one memcmp (which stops at the first
+// difference when the piece has changed) gives its id instead of a SHA-256 over it. Exact as
+// long as the cache holds each chunk's bytes under its id, the invariant every read of the
+// store already rests on.
+ChunkId PieceId(Bytes piece, const std::optional<std::pair<ChunkId, ChunkRow>>& base,
+                ChunkCache& cache) {
+  if (base && base->second.raw_len == piece.size()) {
+    auto cached = cache.Lookup(base->first, /*streamed=*/true);
+    if (cached && cached->size() == piece.size() &&
+        std::memcmp(cached->data(), piece.data(), piece.size()) == 0) {
+      return base->first;
+    }
+  }
+  return ChunkId::Of(piece);
+}
+
+}  // namespace
 
 ContentWriter::ContentWriter(Store* store, std::optional<ContentId> base, uint64_t base_size)
     : store_(store),
@@ -136,15 +156,15 @@ void ContentWriter::Submit() {
   // std::function must be copyable: the task shares ownership of the chunk.
   auto owned = std::make_shared<Buffer>(std::move(chunk));
   store_->pool_->Submit([this, slot, bytes, owned, ref_offset, width, in_section] {
-    ChunkId id = ChunkId::Of(owned->bytes());
     Store::PieceHint hint;
     hint.width = width;
     // Tensor pieces of a file that has a predecessor are the next version's delta bases.
     hint.cache = in_section && store_->options().max_delta_chain > 1;
     if (ref_offset) {
       hint.base = store_->PinDeltaBase(*reference_, *ref_offset, static_cast<uint32_t>(bytes));
-      if (hint.base && hint.base->first == id) hint.cache = false;  // unchanged: dedup
     }
+    const ChunkId id = PieceId(owned->bytes(), hint.base, store_->cache_);
+    if (hint.base && hint.base->first == id) hint.cache = false;  // unchanged: dedup
     Result<ChunkRow> row = store_->PutChunk(id, std::move(*owned), hint);
     store_->inflight_.Release(bytes);
     std::lock_guard lock(mu_);

@@ -18,12 +18,25 @@ struct PackWriter::InflightWrite {
   uint32_t pack_id = 0;
   uint64_t offset = 0;
   std::shared_ptr<FileDescriptor> fd;
-  std::byte header[kRecordHeaderBytes];
+  std::byte header[kRecordHeaderBytes + kChunkIdBytes];  // the record header, then a delta's base
+  size_t header_len = kRecordHeaderBytes;
   Buffer payload;
   bool writeback_only = false;  // a sync_file_range request, not a record
   iovec iov[2];
-  size_t total() const { return kRecordHeaderBytes + payload.size(); }
+  size_t total() const { return header_len + payload.size(); }
 };
+
+namespace {
+// Writes the record's bytes from `done` on with pwrite (short writes retried).
+Status PWriteRest(int fd, uint64_t offset, Bytes header, Bytes payload, size_t done,
+                  const std::filesystem::path& path) {
+  if (done < header.size()) {
+    CKPTFS_RETURN_IF_ERROR(PWriteFull(fd, offset + done, header.subspan(done), path));
+    done = header.size();
+  }
+  return PWriteFull(fd, offset + done, payload.subspan(done - header.size()), path);
+}
+}  // namespace
 
 PackWriter::PackWriter(std::filesystem::path dir, Options options)
     : dir_(std::move(dir)), options_(options) {}
@@ -84,11 +97,16 @@ Status PackWriter::StartPack(uint32_t id, std::optional<uint64_t> resume_length)
   return Status::OK();
 }
 
-Result<PackLocation> PackWriter::Append(const RecordHeader& header, Buffer payload) {
+Result<PackLocation> PackWriter::Append(const RecordHeader& header, Buffer payload,
+                                        const std::optional<ChunkId>& delta_base) {
+  const size_t header_len = kRecordHeaderBytes + (delta_base ? kChunkIdBytes : 0);
+  if (header.stored_len != header_len - kRecordHeaderBytes + payload.size()) {
+    return Status::InvalidArgument("record header does not match its payload's length");
+  }
   std::lock_guard lock(mu_);
   if (uring_ok_) CKPTFS_RETURN_IF_ERROR(Reap(false));
   PackState* st = active_ ? &State(active_) : nullptr;
-  size_t total = kRecordHeaderBytes + payload.size();
+  size_t total = header_len + payload.size();
   bool full = st && st->length + total > options_.target_bytes && st->length > kPackHeaderBytes;
   if (!st || full || st->failed_at != UINT64_MAX) {
     if (st) CKPTFS_RETURN_IF_ERROR(RotateLocked());
@@ -100,6 +118,9 @@ Result<PackLocation> PackWriter::Append(const RecordHeader& header, Buffer paylo
   write->offset = st->length;
   write->fd = st->fd;
   header.EncodeTo(write->header);
+  if (delta_base)
+    std::memcpy(write->header + kRecordHeaderBytes, delta_base->bytes.data(), kChunkIdBytes);
+  write->header_len = header_len;
   write->payload = std::move(payload);
   PackLocation loc{st->id, st->length, static_cast<uint32_t>(total)};
   st->length += total;
@@ -109,13 +130,17 @@ Result<PackLocation> PackWriter::Append(const RecordHeader& header, Buffer paylo
 
 Status PackWriter::SubmitWrite(std::unique_ptr<InflightWrite> write) {
   if (uring_ok_) {
-    while (inflight_ >= kRingDepth) CKPTFS_RETURN_IF_ERROR(Reap(true));
+    while (inflight_ >= kRingDepth ||
+           (queued_bytes_ > 0 && queued_bytes_ + write->total() > options_.queue_bytes)) {
+      CKPTFS_RETURN_IF_ERROR(Reap(true));
+    }
     io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
     if (sqe != nullptr) {
-      write->iov[0] = {write->header, kRecordHeaderBytes};
+      write->iov[0] = {write->header, write->header_len};
       write->iov[1] = {write->payload.data(), write->payload.size()};
       io_uring_prep_writev(sqe, write->fd->get(), write->iov, write->payload.empty() ? 1 : 2,
                            write->offset);
+      queued_bytes_ += write->total();
       io_uring_sqe_set_data(sqe, write.release());  // owned by the ring until Reap()
       ++inflight_;
       // The entry is queued now: if this submit fails (EAGAIN), the next one sends it.
@@ -124,12 +149,8 @@ Status PackWriter::SubmitWrite(std::unique_ptr<InflightWrite> write) {
     }
   }
   // pwrite path (also when the ring has no free entry).
-  const PackState& st = State(write->pack_id);
-  Status s =
-      PWriteFull(write->fd->get(), write->offset, {write->header, kRecordHeaderBytes}, st.path);
-  if (s.ok())
-    s = PWriteFull(write->fd->get(), write->offset + kRecordHeaderBytes, write->payload.bytes(),
-                   st.path);
+  Status s = PWriteRest(write->fd->get(), write->offset, {write->header, write->header_len},
+                        write->payload.bytes(), 0, State(write->pack_id).path);
   Complete(write.get(), s.ok() ? static_cast<int>(write->total()) : -s.ToErrno());
   if (!s.ok()) last_error_ = s;
   return s;
@@ -156,20 +177,12 @@ Status PackWriter::Reap(bool wait_one) {
     --inflight_;
     std::unique_ptr<InflightWrite> owned(write);
     if (write->writeback_only) continue;  // a hint: its result does not matter
+    queued_bytes_ -= write->total();
     if (res >= 0 && static_cast<size_t>(res) < write->total()) {
       // Short write: finish it synchronously.
-      size_t done = static_cast<size_t>(res);
-      const auto& path = State(write->pack_id).path;
-      Status s;
-      if (done < kRecordHeaderBytes) {
-        s = PWriteFull(write->fd->get(), write->offset + done,
-                       {write->header + done, kRecordHeaderBytes - done}, path);
-        done = kRecordHeaderBytes;
-      }
-      if (s.ok()) {
-        s = PWriteFull(write->fd->get(), write->offset + done,
-                       write->payload.bytes().subspan(done - kRecordHeaderBytes), path);
-      }
+      Status s =
+          PWriteRest(write->fd->get(), write->offset, {write->header, write->header_len},
+                     write->payload.bytes(), static_cast<size_t>(res), State(write->pack_id).path);
       res = s.ok() ? static_cast<int>(write->total()) : -s.ToErrno();
     }
     if (res < 0) {

@@ -48,6 +48,9 @@ class PackWriter {
   struct Options {
     uint64_t target_bytes = 1ull << 30;
     bool use_io_uring = true;
+    // The most record bytes queued on the ring, not yet written (at least one record is). The
+    // queue is memory like the write pipeline's: the Store counts it in its in-flight budget.
+    size_t queue_bytes = 16u << 20;
   };
   // Appends to `resume` (a pack already cut to its committed length) when given and still
   // under target, else creates pack `next_id`.
@@ -59,8 +62,12 @@ class PackWriter {
   PackWriter(const PackWriter&) = delete;
   PackWriter& operator=(const PackWriter&) = delete;
 
-  // Appends one record. The payload is owned until its write completes.
-  Result<PackLocation> Append(const RecordHeader& header, Buffer payload);
+  // Appends one record: the header, then, for a delta, its base's id (the first bytes of a
+  // delta's payload, record.h; header.stored_len counts them), then `payload`, so a delta's
+  // encoded bytes need no copy behind the id. The payload is owned until its write completes;
+  // while the queue of such writes holds Options::queue_bytes, Append waits for completions.
+  Result<PackLocation> Append(const RecordHeader& header, Buffer payload,
+                              const std::optional<ChunkId>& delta_base = std::nullopt);
   // Returns once every record appended before the call is on disk or known to have failed.
   Status Sync();
   // Returns once every record appended before the call has been written (not necessarily
@@ -110,8 +117,9 @@ class PackWriter {
   uint32_t next_id_ = 1;                 // GUARDED_BY(mu_)
   bool uring_ok_ = false;
   io_uring ring_{};
-  size_t inflight_ = 0;  // GUARDED_BY(mu_)
-  Status last_error_;    // GUARDED_BY(mu_)
+  size_t inflight_ = 0;      // GUARDED_BY(mu_): ring entries not yet reaped
+  size_t queued_bytes_ = 0;  // GUARDED_BY(mu_): record bytes of those entries
+  Status last_error_;        // GUARDED_BY(mu_)
 };
 
 }  // namespace ckptfs

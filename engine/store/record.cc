@@ -1,5 +1,9 @@
 #include "engine/store/record.h"
 
+// The XXH3 state type, for a streamed checksum on the stack.
+#define XXH_STATIC_LINKING_ONLY
+#include <xxhash.h>
+
 #include <cstdio>
 
 #include "engine/util/coding.h"
@@ -10,6 +14,21 @@ constexpr char kRecordMagic[4] = {'C', 'K', 'R', 'C'};
 constexpr char kPackMagic[8] = {'C', 'K', 'P', 'T', 'P', 'A', 'C', 'K'};
 constexpr uint8_t kRecordHeaderVersion = 1;
 }  // namespace
+
+RecordHeader RecordHeader::ForDelta(const ChunkId& id, uint32_t raw_len,
+                                    const PieceEncoding& encoding, const ChunkId& base,
+                                    Bytes encoded) {
+  RecordHeader h = For(id, raw_len, encoding, {});
+  h.stored_len = static_cast<uint32_t>(kChunkIdBytes + encoded.size());
+  // XXH3-64 of base id + encoded, streamed: equal to Checksum64 of the joined payload.
+  XXH3_state_t state;
+  XXH3_INITSTATE(&state);
+  XXH3_64bits_reset(&state);
+  XXH3_64bits_update(&state, base.bytes.data(), kChunkIdBytes);
+  XXH3_64bits_update(&state, encoded.data(), encoded.size());
+  h.payload_checksum = XXH3_64bits_digest(&state);
+  return h;
+}
 
 void RecordHeader::EncodeTo(std::byte out[kRecordHeaderBytes]) const {
   std::memcpy(out, kRecordMagic, 4);

@@ -64,6 +64,11 @@ struct RecordHeader {
     return h;
   }
 
+  // The header of the delta record of chunk `id` whose payload is `base`'s id followed by
+  // `encoded` (the same header For() gives for JoinDeltaPayload(base, encoded)).
+  static RecordHeader ForDelta(const ChunkId& id, uint32_t raw_len, const PieceEncoding& encoding,
+                               const ChunkId& base, Bytes encoded);
+
   void EncodeTo(std::byte out[kRecordHeaderBytes]) const;
   // Returns Corruption when the magic, version or header checksum is wrong, a length is out of
   // bounds or the flags name an unknown encoding.

@@ -108,13 +108,21 @@ Result<StoreConfig> LoadConfig(const std::filesystem::path& dir, const StoreOpti
   return StoreConfig{p, options.codec.value_or(codec)};
 }
 
+// The pack writer's queue of records not yet written is part of the in-flight budget: a
+// quarter of it, at most 16 MiB; the writers share the rest. (Uncounted, a 64-entry queue
+// held up to 64 MiB of payloads beyond the budget: fs.sh's daemon peaked above
+// cache + inflight + 64 MiB.)
+size_t PackQueueBytes(size_t inflight_bytes) {
+  return std::min<size_t>(inflight_bytes / 4, 16u << 20);
+}
+
 }  // namespace
 
 Store::Store(std::filesystem::path dir, const StoreOptions& options)
     : dir_(std::move(dir)),
       options_(options),
       cache_(options.cache_bytes),
-      inflight_(options.inflight_bytes) {}
+      inflight_(options.inflight_bytes - PackQueueBytes(options.inflight_bytes)) {}
 
 Store::~Store() {
   pool_.reset();  // runs what is queued; writers must be gone by now
@@ -218,7 +226,8 @@ Status Store::Recover() {
     auto size = std::filesystem::file_size(PackPath(last->first), size_ec);
     if (!size_ec && size == last->second.committed) resume = PackExtent{last->first, size};
   }
-  PackWriter::Options popts{options_.pack_target_bytes, options_.use_io_uring};
+  PackWriter::Options popts{options_.pack_target_bytes, options_.use_io_uring,
+                            PackQueueBytes(options_.inflight_bytes)};
   CKPTFS_ASSIGN_OR_RETURN(packs_, PackWriter::Open(dir_ / "packs", popts, resume, max_id + 1));
   return Status::OK();
 }
@@ -302,12 +311,12 @@ Result<ChunkRow> Store::PutChunk(const ChunkId& id, Buffer raw, const PieceHint&
   }
   EncodedPiece piece = EncodePiece(*options_.codec, raw.bytes(), hint.width, base.get());
   const bool delta = IsDelta(piece.encoding.transform);
+  // A delta's payload is its base's id, then the encoded bytes: the pack writer writes the id
+  // from the header's buffer, so the encoded bytes are not copied behind it.
+  std::optional<ChunkId> delta_base;
+  if (delta) delta_base = hint.base->first;
   Buffer payload;
-  if (delta) {
-    payload = JoinDeltaPayload(hint.base->first, piece.stored.bytes());
-  } else if (!piece.stored_raw()) {
-    payload = std::move(piece.stored);
-  }
+  if (delta || !piece.stored_raw()) payload = std::move(piece.stored);
   const uint32_t raw_len = static_cast<uint32_t>(raw.size());
   if (hint.cache) {
     if (payload.empty() && !raw.empty()) payload = Buffer(raw.bytes());  // raw is cached too
@@ -315,11 +324,13 @@ Result<ChunkRow> Store::PutChunk(const ChunkId& id, Buffer raw, const PieceHint&
   } else if (payload.empty()) {
     payload = std::move(raw);  // stored as it is: no copy
   }
-  const RecordHeader header = RecordHeader::For(id, raw_len, piece.encoding, payload.bytes());
+  const RecordHeader header =
+      delta ? RecordHeader::ForDelta(id, raw_len, piece.encoding, *delta_base, payload.bytes())
+            : RecordHeader::For(id, raw_len, piece.encoding, payload.bytes());
   // Appended and pinned under gc_mu_, so that gc never finds a record neither pinned nor
   // committed in a pack it is about to rewrite.
   std::shared_lock gc(gc_mu_);
-  CKPTFS_ASSIGN_OR_RETURN(PackLocation loc, packs_->Append(header, std::move(payload)));
+  CKPTFS_ASSIGN_OR_RETURN(PackLocation loc, packs_->Append(header, std::move(payload), delta_base));
   ChunkRow row = RowOf(header, loc);
   if (delta) {
     row.base = hint.base->first;

@@ -79,9 +79,11 @@ struct StoreOptions {
   // 1 disables deltas. Bounds the read cost of a delta-encoded version.
   uint32_t max_delta_chain = 8;
   uint64_t pack_target_bytes = 256ull << 20;
-  size_t cache_bytes = 256u << 20;    // decoded-chunk cache
-  size_t inflight_bytes = 64u << 20;  // raw bytes queued for hashing/compression, all writers
-  int worker_threads = 0;             // 0: one per CPU
+  size_t cache_bytes = 256u << 20;  // decoded-chunk cache
+  // Bytes queued for hashing/compression, all writers, and records queued for their pack
+  // write (a quarter of it, at most 16 MiB, is the pack writer's queue).
+  size_t inflight_bytes = 64u << 20;
+  int worker_threads = 0;  // 0: one per CPU
   // Disk space held back so that versions can still be deleted (and gc run) on a full disk
   // (catalog.h, space_reserve.h). 0: none.
   uint64_t space_reserve_bytes = 32ull << 20;

@@ -183,6 +183,33 @@ TEST_F(DeltaTest, UnchangedResaveCostsOnlyMetadata) {
   EXPECT_TRUE(ContentEquals(*store, again[0], files_[2]));
 }
 
+// The same state saved again as the next version of itself: each unchanged piece equals its
+// delta base, which the writer finds in the cache and takes the id of without hashing
+// (content_writer.cc, PieceId). The ids must still be the SHA-256 of the bytes (verify
+// recomputes them) and nothing new is stored; a changed version next to it hashes as before.
+TEST_F(DeltaTest, UnchangedPiecesOfTheNextVersionKeepTheirIds) {
+  auto store = OpenStore(dir_.path(), DeltaOptions(8));
+  ASSERT_TRUE(store);
+  ASSERT_OK_AND_ASSIGN(std::vector<ContentId> first, StoreChain(*store, {files_[2]}));
+  ASSERT_OK_AND_ASSIGN(StoreStats before, store->Stats());
+  for (ContentId reference : {first[0], first[0]}) {
+    auto writer = store->NewWriter();
+    ASSERT_OK(writer->SetReference(reference));
+    ASSERT_OK(writer->Append(files_[2]));
+    ASSERT_OK_AND_ASSIGN(ContentId again, writer->Finish());
+    EXPECT_TRUE(ContentEquals(*store, again, files_[2]));
+  }
+  ASSERT_OK_AND_ASSIGN(StoreStats after, store->Stats());
+  EXPECT_EQ(after.record_bytes, before.record_bytes);
+  EXPECT_EQ(after.chunks, before.chunks);
+  auto writer = store->NewWriter();
+  ASSERT_OK(writer->SetReference(first[0]));
+  ASSERT_OK(writer->Append(files_[3]));
+  ASSERT_OK_AND_ASSIGN(ContentId changed, writer->Finish());
+  EXPECT_TRUE(ContentEquals(*store, changed, files_[3]));
+  EXPECT_TRUE(VerifyClean(*store));
+}
+
 // A .pt that is not what it claims: truncated, its pickle garbage, its offsets wrong. Each is
 // stored and read back as it is.
 TEST_F(DeltaTest, MalformedCheckpointsAreStoredAsOpaqueBytes) {
