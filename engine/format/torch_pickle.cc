@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "engine/format/pickle_ops.h"
 #include "engine/util/coding.h"
 
 namespace ckptfs {
@@ -137,77 +138,7 @@ constexpr CallableName kCallables[] = {
     {"collections", "OrderedDict", Callable::kOrderedDict},
 };
 
-// Pickle opcodes (CPython Lib/pickle.py), protocols 0 to 5.
-enum Op : uint8_t {
-  kMark = '(',
-  kStop = '.',
-  kPop = '0',
-  kPopMark = '1',
-  kDup = '2',
-  kFloat = 'F',
-  kInt = 'I',
-  kBinInt = 'J',
-  kBinInt1 = 'K',
-  kLong = 'L',
-  kBinInt2 = 'M',
-  kNone = 'N',
-  kPersId = 'P',
-  kBinPersId = 'Q',
-  kReduce = 'R',
-  kString = 'S',
-  kBinString = 'T',
-  kShortBinString = 'U',
-  kUnicode = 'V',
-  kBinUnicode = 'X',
-  kAppend = 'a',
-  kBuild = 'b',
-  kGlobal = 'c',
-  kDict = 'd',
-  kEmptyDict = '}',
-  kAppends = 'e',
-  kGet = 'g',
-  kBinGet = 'h',
-  kInst = 'i',
-  kLongBinGet = 'j',
-  kList = 'l',
-  kEmptyList = ']',
-  kObj = 'o',
-  kPut = 'p',
-  kBinPut = 'q',
-  kLongBinPut = 'r',
-  kSetItem = 's',
-  kTuple = 't',
-  kEmptyTuple = ')',
-  kSetItems = 'u',
-  kBinFloat = 'G',
-  kProto = 0x80,
-  kNewObj = 0x81,
-  kExt1 = 0x82,
-  kExt2 = 0x83,
-  kExt4 = 0x84,
-  kTuple1 = 0x85,
-  kTuple2 = 0x86,
-  kTuple3 = 0x87,
-  kNewTrue = 0x88,
-  kNewFalse = 0x89,
-  kLong1 = 0x8a,
-  kLong4 = 0x8b,
-  kBinBytes = 'B',
-  kShortBinBytes = 'C',
-  kShortBinUnicode = 0x8c,
-  kBinUnicode8 = 0x8d,
-  kBinBytes8 = 0x8e,
-  kEmptySet = 0x8f,
-  kAddItems = 0x90,
-  kFrozenSet = 0x91,
-  kNewObjEx = 0x92,
-  kStackGlobal = 0x93,
-  kMemoize = 0x94,
-  kFrame = 0x95,
-  kByteArray8 = 0x96,
-  kNextBuffer = 0x97,
-  kReadOnlyBuffer = 0x98,
-};
+using enum pickle::Op;
 
 constexpr int kHighestProtocol = 5;
 
@@ -293,8 +224,15 @@ class Unpickler {
   Status Put(uint64_t index);
   Status Get(uint64_t index);
 
-  // Opcodes.
+  // Opcodes: Step dispatches by family to one of the Step* below.
   Status Step(uint8_t op, bool* stop);
+  Status StepControl(uint8_t op, bool* stop);
+  Status StepScalar(uint8_t op);
+  Status StepText(uint8_t op);
+  Status StepContainer(uint8_t op);
+  Status StepCall(uint8_t op);
+  Status StepMemo(uint8_t op);
+  Status Unsupported(uint8_t op) const;
   Status LoadTextInt(bool is_long);
   Status LoadLong(size_t width);
   Status LoadString(Kind kind, size_t width, bool signed_length = false);
@@ -484,7 +422,35 @@ Result<TorchPickleIndex> Unpickler::Run() {
   return std::move(index_);
 }
 
+Status Unpickler::Unsupported(uint8_t op) const {
+  const char hex[] = {"0123456789abcdef"[op >> 4], "0123456789abcdef"[op & 15], '\0'};
+  return Status::Corruption(std::string("pickle: unsupported opcode 0x") + hex + " at byte " +
+                            std::to_string(pos_ - 1));
+}
+
+// One opcode, dispatched by its family (engine/format/pickle_ops.h). Opcodes a torch pickle
+// never holds (STRING, UNICODE, out-of-band buffers) are refused as unsupported.
 Status Unpickler::Step(uint8_t op, bool* stop) {
+  switch (PickleOpInfoOf(op).family) {
+    case PickleFamily::kControl:
+      return StepControl(op, stop);
+    case PickleFamily::kScalar:
+      return StepScalar(op);
+    case PickleFamily::kText:
+      return StepText(op);
+    case PickleFamily::kContainer:
+      return StepContainer(op);
+    case PickleFamily::kCall:
+      return StepCall(op);
+    case PickleFamily::kMemo:
+      return StepMemo(op);
+    case PickleFamily::kUnknown:
+      break;
+  }
+  return Unsupported(op);
+}
+
+Status Unpickler::StepControl(uint8_t op, bool* stop) {
   switch (op) {
     case kProto: {
       CKPTFS_ASSIGN_OR_RETURN(uint8_t proto, ReadLE<uint8_t>());
@@ -520,7 +486,13 @@ Status Unpickler::Step(uint8_t op, bool* stop) {
       CKPTFS_ASSIGN_OR_RETURN(NodeId top, Top());
       return Push(top);
     }
+    default:
+      return Unsupported(op);
+  }
+}
 
+Status Unpickler::StepScalar(uint8_t op) {
+  switch (op) {
     case kNone:
       return PushNew(Kind::kNone);
     case kNewTrue:
@@ -566,7 +538,13 @@ Status Unpickler::Step(uint8_t op, bool* stop) {
       node(id).f = std::bit_cast<double>(__builtin_bswap64(bits));  // big-endian
       return Push(id);
     }
+    default:
+      return Unsupported(op);
+  }
+}
 
+Status Unpickler::StepText(uint8_t op) {
+  switch (op) {
     case kShortBinString:
       return LoadString(Kind::kString, 1);
     case kBinString:
@@ -584,7 +562,13 @@ Status Unpickler::Step(uint8_t op, bool* stop) {
     case kBinBytes8:
     case kByteArray8:
       return LoadString(Kind::kBytes, 8);
+    default:
+      return Unsupported(op);
+  }
+}
 
+Status Unpickler::StepContainer(uint8_t op) {
+  switch (op) {
     case kEmptyTuple:
       return PushNew(Kind::kTuple);
     case kTuple1:
@@ -645,7 +629,13 @@ Status Unpickler::Step(uint8_t op, bool* stop) {
       stack_.resize(from);
       return PushOpaque();
     }
+    default:
+      return Unsupported(op);
+  }
+}
 
+Status Unpickler::StepCall(uint8_t op) {
+  switch (op) {
     case kGlobal: {
       CKPTFS_ASSIGN_OR_RETURN(std::string_view module, ReadLine());
       CKPTFS_ASSIGN_OR_RETURN(std::string_view name, ReadLine());
@@ -685,7 +675,13 @@ Status Unpickler::Step(uint8_t op, bool* stop) {
       return LoadBinPersId();
     case kPersId:
       return Status::Corruption("pickle: a text persistent id is not a torch storage");
+    default:
+      return Unsupported(op);
+  }
+}
 
+Status Unpickler::StepMemo(uint8_t op) {
+  switch (op) {
     case kPut:
     case kGet: {
       CKPTFS_ASSIGN_OR_RETURN(std::string_view line, ReadLine());
@@ -714,16 +710,8 @@ Status Unpickler::Step(uint8_t op, bool* stop) {
       CKPTFS_ASSIGN_OR_RETURN(uint32_t index, ReadLE<uint32_t>());
       return Get(index);
     }
-
-    case kString:
-    case kUnicode:
-    case kNextBuffer:
-    case kReadOnlyBuffer:
-    default: {
-      const char hex[] = {"0123456789abcdef"[op >> 4], "0123456789abcdef"[op & 15], '\0'};
-      return Status::Corruption(std::string("pickle: unsupported opcode 0x") + hex + " at byte " +
-                                std::to_string(pos_ - 1));
-    }
+    default:
+      return Unsupported(op);
   }
 }
 

@@ -7,21 +7,26 @@
 #include <algorithm>
 #include <cstring>
 
+#include "engine/format/zip.h"
 #include "engine/util/coding.h"
 
 namespace ckptfs {
 namespace {
 
-constexpr std::byte kLocalHeaderSignature[4] = {std::byte{'P'}, std::byte{'K'}, std::byte{3},
-                                                std::byte{4}};
-constexpr std::byte kDescriptorSignature[4] = {std::byte{'P'}, std::byte{'K'}, std::byte{7},
-                                               std::byte{8}};
-constexpr uint16_t kFlagEncrypted = 1 << 0;
-constexpr uint16_t kFlagDescriptor = 1 << 3;
-constexpr uint16_t kFlagStrongEncryption = 1 << 6;
-constexpr uint16_t kFlagMaskedHeader = 1 << 13;
-constexpr uint16_t kExtraZip64 = 0x0001;
-constexpr uint32_t kSize32Escape = 0xFFFFFFFF;
+using zip::kExtraZip64;
+using zip::kFlagDescriptor;
+using zip::kFlagEncrypted;
+using zip::kFlagMaskedHeader;
+using zip::kFlagStrongEncryption;
+constexpr uint32_t kSize32Escape = zip::kEscape32;
+
+// The signatures as they appear in the stream.
+template <uint32_t kSignature>
+constexpr std::array<std::byte, 4> kBytesOf = {
+    std::byte{kSignature & 0xFF}, std::byte{(kSignature >> 8) & 0xFF},
+    std::byte{(kSignature >> 16) & 0xFF}, std::byte{kSignature >> 24}};
+constexpr std::array<std::byte, 4> kLocalHeaderSignature = kBytesOf<zip::kLocalHeaderSignature>;
+constexpr std::array<std::byte, 4> kDescriptorSignature = kBytesOf<zip::kDescriptorSignature>;
 
 // The first p in [from, last] at which the descriptor signature starts, or last + 1.
 // REQUIRES: d[0 .. last + 3] readable. 32 candidates per step (SSE2, x86-64's baseline) for
@@ -251,7 +256,7 @@ size_t TorchZipCutter::ScanDescribedData(Bytes data) {
 }
 
 bool TorchZipCutter::IsDescriptor(const std::byte* window, uint64_t at) const {
-  if (std::memcmp(window, kDescriptorSignature, 4) != 0) return false;
+  if (std::memcmp(window, kDescriptorSignature.data(), 4) != 0) return false;
   const uint64_t size = at - data_start_;
   if (descriptor_bytes_ == 16) {
     return GetLE<uint32_t>(window + 8) == size && GetLE<uint32_t>(window + 12) == size;

@@ -23,12 +23,13 @@
 
 #include "engine/format/dtype.h"
 #include "engine/util/buffer.h"
+#include "engine/util/read_at.h"
 #include "engine/util/status.h"
 
 namespace ckptfs {
 
 // Reads up to out.size() bytes of the source at offset; short only at its end.
-using SourceReader = std::function<Result<size_t>(uint64_t offset, MutableBytes out)>;
+using SourceReader = ReadAtFn;
 
 // A strided tensor inside the source: element (i0, i1, ...) lies at
 // base + (i0 * stride[0] + i1 * stride[1] + ...) * ElementSize(dtype). Strides >= 0.
