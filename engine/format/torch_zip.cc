@@ -46,12 +46,12 @@ size_t FindDescriptorSignature(const std::byte* d, size_t from, size_t last) {
                     static_cast<uint32_t>(_mm_movemask_epi8(hi)) << 16;
     for (; mask != 0; mask &= mask - 1) {
       const size_t c = i + static_cast<size_t>(__builtin_ctz(mask));
-      if (std::memcmp(d + c, kDescriptorSignature, 4) == 0) return c;
+      if (std::memcmp(d + c, kDescriptorSignature.data(), 4) == 0) return c;
     }
   }
 #endif
   for (; i <= last; ++i) {
-    if (std::memcmp(d + i, kDescriptorSignature, 4) == 0) return i;
+    if (std::memcmp(d + i, kDescriptorSignature.data(), 4) == 0) return i;
   }
   return last + 1;
 }
