@@ -4,7 +4,6 @@
 #include <array>
 #include <cmath>
 #include <cstring>
-#include <queue>
 #include <utility>
 #include <vector>
 
@@ -33,47 +32,74 @@ inline size_t RunEnd(size_t n, int k) { return std::min(n, RunSize(n) * (k + 1))
 
 // Code lengths of a Huffman code for `counts`, at most kHuffmanMaxBits each (counts are
 // flattened until the tree is shallow enough). The code is always complete: a lone symbol
-// gets a 1-bit code and a 1-bit partner that never occurs.
+// gets a 1-bit code and a 1-bit partner that never occurs. No allocation: the symbols sorted by
+// count, then Moffat and Katajainen's in-place computation of minimum-redundancy lengths
+// ("In-place calculation of minimum-redundancy codes", 1995).
 void BuildLengths(const uint64_t counts[256], uint8_t len[256]) {
   std::memset(len, 0, 256);
-  std::vector<int> used;
+  std::array<std::pair<uint64_t, int>, 256> order;  // count, symbol
+  int n = 0;
   for (int s = 0; s < 256; ++s) {
-    if (counts[s] > 0) used.push_back(s);
+    if (counts[s] > 0) order[n++] = {counts[s], s};
   }
-  if (used.size() <= 1) {
-    const int s = used.empty() ? 0 : used[0];
+  if (n <= 1) {
+    const int s = n == 0 ? 0 : order[0].second;
     len[s] = 1;
     len[s ^ 1] = 1;
     return;
   }
-  std::vector<uint64_t> weight(used.size());
-  for (size_t i = 0; i < used.size(); ++i) weight[i] = counts[used[i]];
-  std::vector<int> parent(2 * used.size());
+  std::sort(order.begin(), order.begin() + n);  // ties by symbol: deterministic
+  uint64_t a[256];
+  for (int i = 0; i < n; ++i) a[i] = order[i].first;
   for (;;) {
-    using Node = std::pair<uint64_t, int>;  // weight, node id (ties broken by id: deterministic)
-    std::priority_queue<Node, std::vector<Node>, std::greater<>> heap;
-    for (size_t i = 0; i < used.size(); ++i) heap.push({weight[i], static_cast<int>(i)});
-    int next = static_cast<int>(used.size());
-    while (heap.size() > 1) {
-      Node a = heap.top();
-      heap.pop();
-      Node b = heap.top();
-      heap.pop();
-      parent[a.second] = next;
-      parent[b.second] = next;
-      heap.push({a.first + b.first, next++});
+    uint64_t w[256];
+    std::copy(a, a + n, w);
+    // Pass 1, left to right: combine the two lightest of leaves and internal nodes; internal
+    // nodes keep their weight until used, then the index of their parent.
+    w[0] += w[1];
+    int root = 0, leaf = 2;
+    for (int next = 1; next < n - 1; ++next) {
+      if (leaf >= n || w[root] < w[leaf]) {
+        w[next] = w[root];
+        w[root++] = next;
+      } else {
+        w[next] = w[leaf++];
+      }
+      if (leaf >= n || (root < next && w[root] < w[leaf])) {
+        w[next] += w[root];
+        w[root++] = next;
+      } else {
+        w[next] += w[leaf++];
+      }
     }
-    const int root = next - 1;
-    // Depth of each node: parents have higher ids than their children.
-    std::vector<uint8_t> depth(next, 0);
-    for (int i = root - 1; i >= 0; --i) depth[i] = depth[parent[i]] + 1;
-    int max_depth = 0;
-    for (size_t i = 0; i < used.size(); ++i) max_depth = std::max<int>(max_depth, depth[i]);
-    if (max_depth <= kHuffmanMaxBits) {
-      for (size_t i = 0; i < used.size(); ++i) len[used[i]] = depth[i];
+    // Pass 2, right to left: depths of internal nodes.
+    w[n - 2] = 0;
+    for (int next = n - 3; next >= 0; --next) w[next] = w[w[next]] + 1;
+    // Pass 3, right to left: depths of leaves.
+    int avail = 1, used = 0, depth = 0;
+    root = n - 2;
+    int next = n - 1;
+    while (avail > 0) {
+      while (root >= 0 && w[root] == static_cast<uint64_t>(depth)) {
+        ++used;
+        --root;
+      }
+      while (avail > used) {
+        w[next--] = depth;
+        --avail;
+      }
+      avail = 2 * used;
+      ++depth;
+      used = 0;
+    }
+    // w[i] is now the length of the i-th lightest symbol; w[0] is the longest.
+    if (w[0] <= static_cast<uint64_t>(kHuffmanMaxBits)) {
+      for (int i = 0; i < n; ++i) len[order[i].second] = static_cast<uint8_t>(w[i]);
       return;
     }
-    for (uint64_t& w : weight) w = (w >> 1) | 1;  // flatten, keep every symbol
+    for (int i = 0; i < n; ++i) a[i] = (a[i] >> 1) | 1;  // flatten, keep every symbol
+    // Flattening keeps the order up to ties, which the algorithm only needs to be sorted.
+    std::sort(a, a + n);
   }
 }
 
@@ -129,28 +155,65 @@ struct StreamWriter {
 };
 
 // Writes the codes of the runs of `in` into the streams, interleaved (independent dependency
-// chains run in parallel). Each stream's bytes are exactly its precomputed length.
+// chains run in parallel). Each stream's bytes are exactly its precomputed length. The fast loop
+// keeps each stream's state in locals: held in the writers, every byte store through a
+// uint8_t* could alias them and the compiler would reload them after each store.
 void EncodeStreams(const uint8_t* in, size_t n, const uint32_t table[256], StreamWriter w[]) {
+  static_assert(kStreams == 4);
   const uint8_t* src[kStreams];
   size_t count[kStreams];
   for (int k = 0; k < kStreams; ++k) {
     src[k] = in + RunBegin(n, k);
     count[k] = RunEnd(n, k) - RunBegin(n, k);
   }
+  // 4 codes of at most 11 bits fit beside the 7 pending bits of a 64-bit accumulator; the
+  // 8-byte stores run while 8 bytes of every stream are left.
   size_t i = 0;
-  const size_t common = count[kStreams - 1];  // the last run is the shortest
-  // 4 codes of at most 11 bits fit beside the 7 pending bits of a 64-bit accumulator.
-  for (; i + 4 <= common; i += 4) {
-    bool room = true;
-    for (int k = 0; k < kStreams; ++k) room &= w[k].dst + 8 <= w[k].end;
-    if (!room) break;
-    for (int k = 0; k < kStreams; ++k) {
-      w[k].Put(table, src[k][i]);
-      w[k].Put(table, src[k][i + 1]);
-      w[k].Put(table, src[k][i + 2]);
-      w[k].Put(table, src[k][i + 3]);
-      w[k].Flush();
+  {
+    const uint8_t *s0 = src[0], *s1 = src[1], *s2 = src[2], *s3 = src[3];
+    uint8_t *d0 = w[0].dst, *d1 = w[1].dst, *d2 = w[2].dst, *d3 = w[3].dst;
+    uint64_t a0 = w[0].acc, a1 = w[1].acc, a2 = w[2].acc, a3 = w[3].acc;
+    unsigned b0 = w[0].bits, b1 = w[1].bits, b2 = w[2].bits, b3 = w[3].bits;
+    // A round adds at most 4 * 11 bits to at most 7 pending ones: it advances a stream by at
+    // most 6 bytes and stores 8. Run as many rounds as every stream has room for, then recount.
+    const size_t common = count[kStreams - 1];  // the last run is the shortest
+    uint8_t* end[kStreams] = {w[0].end, w[1].end, w[2].end, w[3].end};
+    auto put = [table](uint64_t& acc, unsigned& bits, uint8_t sym) {
+      const uint32_t e = table[sym];
+      acc |= static_cast<uint64_t>(e & 0xffff) << bits;
+      bits += e >> 16;
+    };
+    auto flush = [](uint64_t& acc, unsigned& bits, uint8_t*& d) {
+      Store64(d, acc);
+      d += bits >> 3;
+      acc >>= bits & 56;
+      bits &= 7;
+    };
+    for (;;) {
+      size_t rounds = (common - i) / 4;
+      uint8_t* d[kStreams] = {d0, d1, d2, d3};
+      for (int k = 0; k < kStreams; ++k) {
+        const size_t room = static_cast<size_t>(end[k] - d[k]);
+        rounds = std::min(rounds, room >= 8 ? (room - 8) / 6 : 0);
+      }
+      if (rounds == 0) break;
+      for (size_t r = 0; r < rounds; ++r, i += 4) {
+        for (int j = 0; j < 4; ++j) {
+          put(a0, b0, s0[i + j]);
+          put(a1, b1, s1[i + j]);
+          put(a2, b2, s2[i + j]);
+          put(a3, b3, s3[i + j]);
+        }
+        flush(a0, b0, d0);
+        flush(a1, b1, d1);
+        flush(a2, b2, d2);
+        flush(a3, b3, d3);
+      }
     }
+    w[0] = {a0, b0, d0, w[0].end};
+    w[1] = {a1, b1, d1, w[1].end};
+    w[2] = {a2, b2, d2, w[2].end};
+    w[3] = {a3, b3, d3, w[3].end};
   }
   for (int k = 0; k < kStreams; ++k) {
     for (size_t j = i; j < count[k]; ++j) {
@@ -295,9 +358,9 @@ size_t HuffmanEncodedSize(Bytes in) {
   return plan.total;
 }
 
-bool HuffmanEncode(Bytes in, Buffer* out) {
+size_t HuffmanEncodeTo(Bytes in, std::byte* dst_bytes, size_t capacity) {
   const size_t n = in.size();
-  if (n == 0 || n > UINT32_MAX) return false;
+  if (n == 0 || n > UINT32_MAX) return 0;
   const auto* p = reinterpret_cast<const uint8_t*>(in.data());
   uint32_t hist[kStreams][256] = {};
   Histograms(p, n, hist);
@@ -305,33 +368,37 @@ bool HuffmanEncode(Bytes in, Buffer* out) {
   MakePlan(hist, &plan);
   const uint8_t* len = plan.len;
   const int last = plan.last;
-  const size_t header = plan.header;
   const size_t total = plan.total;
-  const size_t* stream_bytes = plan.stream_bytes;
-  if (total >= n) return false;
+  if (total >= n || total > capacity) return 0;
   uint16_t code[256] = {};
   CanonicalCodes(len, code);
 
-  out->Resize(total);
-  auto* o = reinterpret_cast<uint8_t*>(out->data());
+  auto* o = reinterpret_cast<uint8_t*>(dst_bytes);
   o[0] = static_cast<uint8_t>(last);
   for (int s = 0; s <= last; s += 2) {
     o[1 + s / 2] = static_cast<uint8_t>(len[s] | (s + 1 < 256 ? len[s + 1] << 4 : 0));
   }
   for (int k = 0; k < kStreams - 1; ++k) {
-    PutLE<uint32_t>(o + 1 + (last + 2) / 2 + 4 * k, static_cast<uint32_t>(stream_bytes[k]));
+    PutLE<uint32_t>(o + 1 + (last + 2) / 2 + 4 * k, static_cast<uint32_t>(plan.stream_bytes[k]));
   }
   uint32_t table[256];
   for (int s = 0; s < 256; ++s) table[s] = code[s] | static_cast<uint32_t>(len[s]) << 16;
   StreamWriter w[kStreams];
-  uint8_t* dst = o + header;
+  uint8_t* dst = o + plan.header;
   for (int k = 0; k < kStreams; ++k) {
     w[k].dst = dst;
-    dst += stream_bytes[k];
+    dst += plan.stream_bytes[k];
     w[k].end = dst;
   }
   EncodeStreams(p, n, table, w);
-  out->Resize(total);
+  return total;
+}
+
+bool HuffmanEncode(Bytes in, Buffer* out) {
+  out->Resize(in.size());
+  const size_t n = HuffmanEncodeTo(in, out->data(), in.size());
+  if (n == 0) return false;
+  out->Resize(n);
   return true;
 }
 

@@ -39,6 +39,11 @@ double EstimateEntropyBits(Bytes in, size_t sample = 4096);
 // result would not be smaller than `in`.
 bool HuffmanEncode(Bytes in, Buffer* out);
 
+// The same, written straight to dst (for example into a container being assembled): returns
+// the encoded size, or 0 (dst unspecified) when it would not be smaller than `in` or not fit in
+// `capacity` bytes.
+size_t HuffmanEncodeTo(Bytes in, std::byte* dst, size_t capacity);
+
 // The size HuffmanEncode(in) would have (SIZE_MAX for an empty input), without encoding: the
 // histogram and the code only. For choosing between encodings cheaply.
 size_t HuffmanEncodedSize(Bytes in);

@@ -182,38 +182,57 @@ void Join(Transform t, uint8_t width, const std::byte* planes, const std::byte* 
 // With the entropy stage, a plane whose sampled entropy is above this many bits per byte is
 // stored raw without trying anything (mantissa bytes: ~7.9 bits), and one below
 // kTryCodecBelowBits is also given to the block codec, which beats Huffman's 1 bit per byte on
-// long runs (the high planes of deltas). Chosen by measurement (docs/engine.md).
+// long runs (the high planes of deltas). Chosen by measurement (docs/engine.md): on the delta
+// planes of the fp32 and bf16 trajectories lz4 won only below ~0.3 bits (planes nearly all
+// zero); from 0.5 bits up Huffman was smaller every time, so lz4 is not run there.
 constexpr double kRawAboveBits = 7.5;
-constexpr double kTryCodecBelowBits = 2.0;
+constexpr double kTryCodecBelowBits = 0.5;
 
-// One plane: the codec used and its stored bytes (`segment` itself for kNone).
-Codec CompressSegment(const CodecSpec& spec, Bytes segment, Buffer* scratch, Bytes* body) {
-  *body = segment;
-  if (segment.empty()) return Codec::kNone;
-  if (!spec.entropy) {
-    if (!TryCompress(spec, segment, scratch)) return Codec::kNone;
-    *body = scratch->bytes();
-    return spec.codec;
-  }
-  const double bits = EstimateEntropyBits(segment);
-  if (bits > kRawAboveBits) return Codec::kNone;
-  Codec used = Codec::kNone;
-  if (HuffmanEncode(segment, scratch)) {
-    used = Codec::kHuffman;
-    *body = scratch->bytes();
-  }
-  if (bits < kTryCodecBelowBits && spec.codec != Codec::kNone) {
+// Appends one plane to the container in `out` (whose capacity already holds the segment raw):
+// its header (codec, stored length) and its stored bytes. Encoders write straight into `out`.
+void PutSegment(const CodecSpec& spec, Bytes segment, Buffer* out) {
+  const size_t at = out->size();
+  out->Resize(at + kSegmentHeaderBytes + segment.size());  // within the reserved capacity
+  std::byte* header = out->data() + at;
+  std::byte* body = header + kSegmentHeaderBytes;
+  Codec codec = Codec::kNone;
+  size_t stored = segment.size();
+  if (!segment.empty() && spec.entropy) {
+    const double bits = EstimateEntropyBits(segment);
+    if (bits <= kRawAboveBits) {
+      // Long runs (the high planes of deltas): the block codec first, and Huffman only where
+      // its size, known from the histogram before any code is written, is smaller still.
+      if (bits < kTryCodecBelowBits && spec.codec != Codec::kNone) {
+        thread_local Buffer other;
+        if (TryCompress(spec, segment, &other) && other.size() < stored) {
+          std::memcpy(body, other.data(), other.size());
+          codec = spec.codec;
+          stored = other.size();
+        }
+      }
+      if (stored > 0) {
+        const size_t n = HuffmanEncodeTo(segment, body, stored - 1);
+        if (n > 0) {
+          codec = Codec::kHuffman;
+          stored = n;
+        }
+      }
+    }
+  } else if (!segment.empty()) {
     thread_local Buffer other;
-    if (TryCompress(spec, segment, &other) && other.size() < body->size()) {
-      std::swap(*scratch, other);
-      *body = scratch->bytes();
-      used = spec.codec;
+    if (TryCompress(spec, segment, &other)) {
+      std::memcpy(body, other.data(), other.size());
+      codec = spec.codec;
+      stored = other.size();
     }
   }
-  return used;
+  if (codec == Codec::kNone && !segment.empty()) std::memcpy(body, segment.data(), stored);
+  header[0] = static_cast<std::byte>(codec);
+  PutLE<uint32_t>(header + 1, static_cast<uint32_t>(stored));
+  out->Resize(at + kSegmentHeaderBytes + stored);
 }
 
-// The stored size CompressSegment would give `segment`, without writing Huffman codes.
+// The stored size PutSegment would give `segment`, without writing Huffman codes.
 size_t SegmentSize(const CodecSpec& spec, Bytes segment, Buffer* scratch) {
   if (segment.empty()) return 0;
   if (!spec.entropy) return TryCompress(spec, segment, scratch) ? scratch->size() : segment.size();
@@ -241,21 +260,14 @@ size_t PackedSize(const CodecSpec& spec, uint8_t width, Bytes planes) {
 // Compresses each plane (and the tail) of `planes` on its own into a container.
 void PackSegments(const CodecSpec& spec, uint8_t width, Bytes planes, Buffer* out) {
   const size_t elements = planes.size() / width;
-  out->Reserve(planes.size() + (width + 1) * kSegmentHeaderBytes);
   out->Clear();
-  thread_local Buffer compressed;
-  for (size_t s = 0; s <= width; ++s) {
-    Bytes segment =
-        s < width ? planes.subspan(s * elements, elements) : planes.subspan(width * elements);
-    std::byte header[kSegmentHeaderBytes];
-    Bytes body;
-    const Codec codec = s < width ? CompressSegment(spec, segment, &compressed, &body)
-                                  : (body = segment, Codec::kNone);  // the tail: < width bytes
-    header[0] = static_cast<std::byte>(codec);
-    PutLE<uint32_t>(header + 1, static_cast<uint32_t>(body.size()));
-    out->Append({header, kSegmentHeaderBytes});
-    out->Append(body);
-  }
+  out->Reserve(planes.size() + (width + 1) * kSegmentHeaderBytes);
+  for (size_t s = 0; s < width; ++s) PutSegment(spec, planes.subspan(s * elements, elements), out);
+  // The tail (< width bytes) as it is.
+  CodecSpec raw;
+  raw.codec = Codec::kNone;
+  raw.entropy = false;
+  PutSegment(raw, planes.subspan(width * elements), out);
 }
 
 Status UnpackSegments(uint8_t width, Bytes stored, MutableBytes planes) {
@@ -326,12 +338,6 @@ std::string_view TransformName(Transform t) {
 EncodedPiece EncodePiece(const CodecSpec& spec, Bytes raw, uint8_t width, const Buffer* base) {
   width = std::clamp<uint8_t>(width, 1, kMaxPieceWidth);
   const bool can_delta = base != nullptr && base->size() == raw.size() && !raw.empty();
-  std::vector<Transform> candidates;
-  if (width > 1) candidates.push_back(Transform::kPlanes);
-  if (can_delta) {
-    candidates.push_back(Transform::kXor);
-    if (width > 1) candidates.push_back(Transform::kSub);
-  }
   auto plain = [&]() {
     EncodedPiece p;
     p.encoding = {Transform::kPlain, width, Codec::kNone};
@@ -342,20 +348,34 @@ EncodedPiece EncodePiece(const CodecSpec& spec, Bytes raw, uint8_t width, const 
     }
     return p;
   };
-  if (candidates.empty() || spec.codec == Codec::kNone) return plain();
-
-  // Compare on a sample of whole elements: the leading bytes of the piece.
-  const size_t sample = std::min(raw.size(), kSampleBytes / width * width);
-  Bytes head = raw.first(sample);
+  if (spec.codec == Codec::kNone || raw.empty() || (width == 1 && !can_delta)) return plain();
   const std::byte* base_data = can_delta ? base->data() : nullptr;
   thread_local Buffer scratch, trial;  // per worker thread: no fresh memory per piece
-  size_t best_size = PlainSize(spec, head, &trial);
+
   Transform best = Transform::kPlain;
-  for (Transform t : candidates) {
-    size_t size = SizeWith(spec, t, width, head, base_data, &scratch);
-    if (size < best_size) {
-      best_size = size;
-      best = t;
+  if (spec.entropy && width > 1) {
+    // Tensors with the entropy stage: no trials. Measured on real trajectories (docs/engine.md,
+    // "Compression"), sub is within 0.1% of the best of plain/planes/xor/sub per piece whenever
+    // there is a base, and planes whenever there is none; the size check below still falls back
+    // to plain when a piece does not shrink.
+    best = can_delta ? Transform::kSub : Transform::kPlanes;
+  } else {
+    std::vector<Transform> candidates;
+    if (width > 1) candidates.push_back(Transform::kPlanes);
+    if (can_delta) {
+      candidates.push_back(Transform::kXor);
+      if (width > 1) candidates.push_back(Transform::kSub);
+    }
+    // Compare on a sample of whole elements: the leading bytes of the piece.
+    const size_t sample = std::min(raw.size(), kSampleBytes / width * width);
+    Bytes head = raw.first(sample);
+    size_t best_size = PlainSize(spec, head, &trial);
+    for (Transform t : candidates) {
+      size_t size = SizeWith(spec, t, width, head, base_data, &scratch);
+      if (size < best_size) {
+        best_size = size;
+        best = t;
+      }
     }
   }
   if (best == Transform::kPlain) return plain();

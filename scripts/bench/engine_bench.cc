@@ -1063,14 +1063,14 @@ double ThreadCpuSeconds(const std::function<void()>& fn) {
   return now() - t0;
 }
 
-void RunCodecs(Bytes v1, const Buffer* v2, int runs, TextTable* t) {
+void RunCodecs(Bytes v1, const Buffer* v2, int runs, const std::vector<std::string>& specs,
+               TextTable* t) {
   auto measure = [&](const std::function<void()>& fn) {
     fn();
     std::vector<double> secs;
     for (int i = 0; i < runs; ++i) secs.push_back(ThreadCpuSeconds(fn));
     return secs;
   };
-  const char* specs[] = {"auto", "lz4", "zstd:1", "zstd:3", "auto+zstd:1"};
   for (bool bf16 : {false, true}) {
     TensorPieces tp = CollectPieces(v1, v2, bf16);
     const uint8_t width = bf16 ? 2 : 4;
@@ -1086,7 +1086,8 @@ void RunCodecs(Bytes v1, const Buffer* v2, int runs, TextTable* t) {
             tp.deltas.empty()
                 ? ""
                 : Fmt("; later: v2's %zu changed pieces against v1's", tp.deltas.size()).c_str()));
-    for (const char* name : specs) {
+    for (const std::string& spec_name : specs) {
+      const char* name = spec_name.c_str();
       const CodecSpec spec = Unwrap(CodecSpec::Parse(name), "codec");
       for (bool later : {false, true}) {
         if (later && tp.deltas.empty()) continue;
@@ -1149,6 +1150,7 @@ void RunCodecs(Bytes v1, const Buffer* v2, int runs, TextTable* t) {
 int main(int argc, char** argv) {
   using namespace ckptfs;
   std::string v1_path, v2_path, dir, only = "micro,e2e,hash,codec,chunk";
+  std::vector<std::string> codecs = {"auto", "lz4", "zstd:1", "zstd:3", "auto+zstd:1"};
   int runs = 5;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -1166,11 +1168,19 @@ int main(int argc, char** argv) {
       runs = std::max(1, std::atoi(next().c_str()));
     } else if (a == "--only") {
       only = next();
+    } else if (a == "--codecs") {
+      codecs.clear();
+      std::string list = next();
+      for (size_t at = 0; at <= list.size();) {
+        size_t comma = std::min(list.find(',', at), list.size());
+        if (comma > at) codecs.push_back(list.substr(at, comma - at));
+        at = comma + 1;
+      }
     } else if (a == "--no-format-aware") {
       g_format_aware = false;
     } else {
       Die("usage: engine_bench --v1 FILE --dir DIR [--v2 FILE] [--runs N] "
-          "[--only micro,e2e,hash,codec,chunk] [--no-format-aware]");
+          "[--only micro,e2e,hash,codec,chunk] [--codecs auto,lz4,...] [--no-format-aware]");
     }
   }
   if (v1_path.empty() || dir.empty()) Die("--v1 and --dir are required");
@@ -1191,7 +1201,7 @@ int main(int argc, char** argv) {
   E2eResult e2e;
   if (want("e2e")) e2e = RunE2e(v1.bytes(), v2.get(), dir, runs, &main_table);
   if (want("hash")) RunHashes(v1.bytes(), v1_path, runs, &main_table);
-  if (want("codec")) RunCodecs(v1.bytes(), v2.get(), runs, &main_table);
+  if (want("codec")) RunCodecs(v1.bytes(), v2.get(), runs, codecs, &main_table);
   main_table.Print("engine throughput (GB/s = 1e9 B/s; median of runs, [min .. max])");
   if (want("chunk")) RunChunkSizes(v1.bytes(), v2.get(), dir, runs, e2e);
   return 0;
