@@ -1,6 +1,7 @@
 #include "engine/codec/piece_codec.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <optional>
 #include <type_traits>
@@ -13,6 +14,11 @@ namespace ckptfs {
 namespace {
 
 constexpr size_t kSegmentHeaderBytes = 5;  // codec, LE32 stored length
+// A segment kind that is not a codec: the scaled prediction's factor (f32, 4 bytes), written
+// only as the first segment of a sub container of width 4. Older containers never start with
+// it (their segment kinds are codecs, 0..3), so they read as before.
+constexpr uint8_t kScaleSegment = 0x40;
+constexpr size_t kScaleSegmentBytes = kSegmentHeaderBytes + 4;
 // Encodings are compared on this many leading bytes of a piece (whole elements).
 constexpr size_t kSampleBytes = 64 << 10;
 
@@ -68,6 +74,74 @@ void JoinTyped(const std::byte* __restrict planes, const std::byte* __restrict b
     const U v = Inverse<kT, U>(c, b);
     std::memcpy(raw + i * kW, &v, kW);
   }
+}
+
+// The scaled prediction of sub (fp32 only): the base element times a per-piece factor `scale`
+// (Adam's exp_avg_sq decays by beta2 per step, exp_avg by beta1), rounded by one IEEE single
+// multiply. Where the base or the product is zero, subnormal, infinite or NaN the prediction is
+// the base itself, so that flush-to-zero modes and NaN payloads cannot make two machines
+// predict differently. Exact either way: the residual against the prediction is stored.
+inline uint32_t PredictScaled(uint32_t base, float scale) {
+  float f;
+  std::memcpy(&f, &base, 4);
+  const float p = f * scale;
+  uint32_t q;
+  std::memcpy(&q, &p, 4);
+  // Exponent fields 1..254 (normal numbers) for both, as one unsigned compare each; branch-free
+  // so that the loops below vectorise.
+  const uint32_t e = ((base >> 23) & 0xff) - 1, eq = ((q >> 23) & 0xff) - 1;
+  const uint32_t keep = static_cast<uint32_t>(0) - static_cast<uint32_t>((e < 0xfe) & (eq < 0xfe));
+  return (q & keep) | (base & ~keep);
+}
+
+// The predictions of `elements` fp32 elements of base, into pred (per-thread scratch): sub then
+// runs its own (vectorised) loops against them.
+const std::byte* Predictions(const std::byte* base, float scale, size_t elements) {
+  thread_local Buffer pred;
+  pred.Resize(elements * 4);
+  auto* out = reinterpret_cast<uint32_t*>(pred.data());
+  for (size_t i = 0; i < elements; ++i) {
+    uint32_t b;
+    std::memcpy(&b, base + i * 4, 4);
+    out[i] = PredictScaled(b, scale);
+  }
+  return pred.data();
+}
+
+void SplitScaled(const std::byte* raw, const std::byte* base, float scale, size_t elements,
+                 std::byte* out) {
+  SplitTyped<Transform::kSub, uint32_t>(raw, Predictions(base, scale, elements), elements, out);
+}
+
+void JoinScaled(const std::byte* planes, const std::byte* base, float scale, size_t elements,
+                std::byte* raw) {
+  JoinTyped<Transform::kSub, uint32_t>(planes, Predictions(base, scale, elements), elements, raw);
+}
+
+// The factor for the scaled prediction of `raw` from `base` (fp32): the median ratio of up to
+// 4096 evenly spread pairs of normal values, or 0 (no prediction) when too few pairs are
+// usable or the factor is 1 (weights: plain sub is the same prediction).
+float FitScale(Bytes raw, const std::byte* base) {
+  const size_t elements = raw.size() / 4;
+  const size_t stride = std::max<size_t>(1, elements / 4096);
+  float ratios[4096 + 1];
+  size_t n = 0;
+  for (size_t i = 0; i < elements && n < 4096; i += stride) {
+    uint32_t v, b;
+    std::memcpy(&v, raw.data() + 4 * i, 4);
+    std::memcpy(&b, base + 4 * i, 4);
+    const uint32_t ev = (v >> 23) & 0xff, eb = (b >> 23) & 0xff;
+    if (ev == 0 || ev == 0xff || eb == 0 || eb == 0xff) continue;
+    float fv, fb;
+    std::memcpy(&fv, &v, 4);
+    std::memcpy(&fb, &b, 4);
+    ratios[n++] = fv / fb;
+  }
+  if (n < 64) return 0;
+  std::nth_element(ratios, ratios + n / 2, ratios + n);
+  const float scale = ratios[n / 2];
+  if (!std::isnormal(scale) || std::fabs(scale - 1.0f) < 1e-6f) return 0;
+  return scale;
 }
 
 // Widths without an integer type (3, 5, 6, 7): the element in a uint64_t, sign-extended from
@@ -258,10 +332,18 @@ size_t PackedSize(const CodecSpec& spec, uint8_t width, Bytes planes) {
 }
 
 // Compresses each plane (and the tail) of `planes` on its own into a container.
-void PackSegments(const CodecSpec& spec, uint8_t width, Bytes planes, Buffer* out) {
+void PackSegments(const CodecSpec& spec, uint8_t width, Bytes planes, float scale, Buffer* out) {
   const size_t elements = planes.size() / width;
   out->Clear();
-  out->Reserve(planes.size() + (width + 1) * kSegmentHeaderBytes);
+  out->Reserve(planes.size() + (width + 1) * kSegmentHeaderBytes + kScaleSegmentBytes);
+  if (scale != 0) {
+    out->Resize(kScaleSegmentBytes);
+    out->data()[0] = static_cast<std::byte>(kScaleSegment);
+    PutLE<uint32_t>(out->data() + 1, 4);
+    uint32_t bits;
+    std::memcpy(&bits, &scale, 4);
+    PutLE<uint32_t>(out->data() + kSegmentHeaderBytes, bits);
+  }
   for (size_t s = 0; s < width; ++s) PutSegment(spec, planes.subspan(s * elements, elements), out);
   // The tail (< width bytes) as it is.
   CodecSpec raw;
@@ -298,21 +380,30 @@ Status UnpackSegments(uint8_t width, Bytes stored, MutableBytes planes) {
   return Status::OK();
 }
 
+// Splits `raw` into planes transformed with `t` (and the scaled prediction when scale != 0).
+void SplitWith(Transform t, uint8_t width, Bytes raw, const std::byte* base, float scale,
+               std::byte* out) {
+  if (scale == 0) return Split(t, width, raw, base, out);
+  const size_t elements = raw.size() / 4;
+  SplitScaled(raw.data(), base, scale, elements, out);
+  for (size_t k = elements * 4; k < raw.size(); ++k) out[k] = raw[k] ^ base[k];
+}
+
 // The stored size of `raw` encoded with `t` (planes container), written into out.
 size_t EncodeWith(const CodecSpec& spec, Transform t, uint8_t width, Bytes raw,
-                  const std::byte* base, Buffer* scratch, Buffer* out) {
+                  const std::byte* base, float scale, Buffer* scratch, Buffer* out) {
   scratch->Resize(raw.size());
-  Split(t, width, raw, base, scratch->data());
-  PackSegments(spec, width, scratch->bytes(), out);
+  SplitWith(t, width, raw, base, scale, scratch->data());
+  PackSegments(spec, width, scratch->bytes(), scale, out);
   return out->size();
 }
 
 // The stored size of `raw` encoded with `t`, without writing it.
 size_t SizeWith(const CodecSpec& spec, Transform t, uint8_t width, Bytes raw, const std::byte* base,
-                Buffer* scratch) {
+                float scale, Buffer* scratch) {
   scratch->Resize(raw.size());
-  Split(t, width, raw, base, scratch->data());
-  return PackedSize(spec, width, scratch->bytes());
+  SplitWith(t, width, raw, base, scale, scratch->data());
+  return PackedSize(spec, width, scratch->bytes()) + (scale != 0 ? kScaleSegmentBytes : 0);
 }
 
 size_t PlainSize(const CodecSpec& spec, Bytes raw, Buffer* out) {
@@ -353,12 +444,26 @@ EncodedPiece EncodePiece(const CodecSpec& spec, Bytes raw, uint8_t width, const 
   thread_local Buffer scratch, trial;  // per worker thread: no fresh memory per piece
 
   Transform best = Transform::kPlain;
+  float scale = 0;  // sub's scaled prediction: none
   if (spec.entropy && width > 1) {
     // Tensors with the entropy stage: no trials. Measured on real trajectories (docs/engine.md,
     // "Compression"), sub is within 0.1% of the best of plain/planes/xor/sub per piece whenever
     // there is a base, and planes whenever there is none; the size check below still falls back
     // to plain when a piece does not shrink.
     best = can_delta ? Transform::kSub : Transform::kPlanes;
+    // fp32 deltas: the base scaled by a per-piece factor where that predicts better (Adam's
+    // moments decay between versions), decided on the leading bytes of the piece.
+    if (can_delta && width == 4) {
+      const float fitted = FitScale(raw, base_data);
+      if (fitted != 0) {
+        const size_t sample = std::min(raw.size(), kSampleBytes / 2);
+        Bytes head = raw.first(sample);
+        if (SizeWith(spec, best, width, head, base_data, fitted, &scratch) <
+            SizeWith(spec, best, width, head, base_data, 0, &scratch)) {
+          scale = fitted;
+        }
+      }
+    }
   } else {
     std::vector<Transform> candidates;
     if (width > 1) candidates.push_back(Transform::kPlanes);
@@ -371,7 +476,7 @@ EncodedPiece EncodePiece(const CodecSpec& spec, Bytes raw, uint8_t width, const 
     Bytes head = raw.first(sample);
     size_t best_size = PlainSize(spec, head, &trial);
     for (Transform t : candidates) {
-      size_t size = SizeWith(spec, t, width, head, base_data, &scratch);
+      size_t size = SizeWith(spec, t, width, head, base_data, 0, &scratch);
       if (size < best_size) {
         best_size = size;
         best = t;
@@ -381,7 +486,7 @@ EncodedPiece EncodePiece(const CodecSpec& spec, Bytes raw, uint8_t width, const 
   if (best == Transform::kPlain) return plain();
   EncodedPiece p;
   p.encoding = {best, width, spec.codec};
-  EncodeWith(spec, best, width, raw, base_data, &scratch, &p.stored);
+  EncodeWith(spec, best, width, raw, base_data, scale, &scratch, &p.stored);
   if (p.stored.size() >= raw.size()) return plain();  // the sample misled: never grow
   return p;
 }
@@ -389,7 +494,13 @@ EncodedPiece EncodePiece(const CodecSpec& spec, Bytes raw, uint8_t width, const 
 Buffer EncodePieceAs(const CodecSpec& spec, Bytes raw, Transform t, uint8_t width,
                      const Buffer* base) {
   Buffer scratch, out;
-  EncodeWith(spec, t, width, raw, base ? base->data() : nullptr, &scratch, &out);
+  EncodeWith(spec, t, width, raw, base ? base->data() : nullptr, 0, &scratch, &out);
+  return out;
+}
+
+Buffer EncodeScaledSub(const CodecSpec& spec, Bytes raw, const Buffer& base, float scale) {
+  Buffer scratch, out;
+  EncodeWith(spec, Transform::kSub, 4, raw, base.data(), scale, &scratch, &out);
   return out;
 }
 
@@ -402,9 +513,27 @@ Status DecodePiece(const PieceEncoding& encoding, Bytes stored, Bytes base, Muta
   if (IsDelta(encoding.transform) && base.size() != out.size()) {
     return Status::Corruption("piece: the delta base has another length");
   }
+  float scale = 0;
+  if (encoding.transform == Transform::kSub && !stored.empty() &&
+      static_cast<uint8_t>(stored[0]) == kScaleSegment) {
+    if (encoding.width != 4 || stored.size() < kScaleSegmentBytes ||
+        GetLE<uint32_t>(stored.data() + 1) != 4) {
+      return Status::Corruption("piece: bad prediction segment");
+    }
+    const uint32_t bits = GetLE<uint32_t>(stored.data() + kSegmentHeaderBytes);
+    std::memcpy(&scale, &bits, 4);
+    if (!std::isnormal(scale)) return Status::Corruption("piece: bad prediction factor");
+    stored = stored.subspan(kScaleSegmentBytes);
+  }
   thread_local Buffer planes;  // per thread: no fresh memory per piece
   planes.Resize(out.size());
   CKPTFS_RETURN_IF_ERROR(UnpackSegments(encoding.width, stored, planes.mutable_bytes()));
+  if (scale != 0) {
+    const size_t elements = out.size() / 4;
+    JoinScaled(planes.data(), base.data(), scale, elements, out.data());
+    for (size_t k = elements * 4; k < out.size(); ++k) out[k] = planes.data()[k] ^ base[k];
+    return Status::OK();
+  }
   Join(encoding.transform, encoding.width, planes.data(), base.data(), out);
   return Status::OK();
 }

@@ -10,10 +10,16 @@
 //   sub     bit patterns minus the previous version's, as width-byte integers (mod 2^8w) in
 //           zigzag form (the sign in the lowest bit), then planes: a small change of a float
 //           leaves the high planes zero whatever its sign, and a carry does not smear over the
-//           low bytes as it does with xor
+//           low bytes as it does with xor. For fp32 the base may first be scaled by a per-piece
+//           factor (a prediction: Adam's moments decay by beta per step); the container then
+//           starts with a segment of kind 0x40 that holds the factor (f32), and the residual
+//           is taken against each base element times the factor (one IEEE single multiply;
+//           the base itself where the base or the product is zero, subnormal, Inf or NaN)
 //
-// EncodePiece tries each applicable encoding on a sample of the piece (the first elements),
-// encodes the whole piece with the smallest and falls back to plain when that does not pay.
+// With the entropy stage (the default) EncodePiece uses sub for tensors with a base and planes
+// without one (tried per piece: only whether the scaled prediction beats plain sub, on a
+// sample); otherwise it tries each applicable encoding on a sample of the piece (the first
+// elements). Either way it falls back to plain when the result does not shrink the piece.
 // DecodePiece is the exact inverse; on malformed input it returns Corruption, never wrong
 // bytes of the right length without an error (callers still check the chunk's SHA-256).
 //
@@ -60,6 +66,10 @@ EncodedPiece EncodePiece(const CodecSpec& spec, Bytes raw, uint8_t width, const 
 // REQUIRES: base of raw's size for deltas.
 Buffer EncodePieceAs(const CodecSpec& spec, Bytes raw, Transform t, uint8_t width,
                      const Buffer* base);
+
+// Encodes `raw` (fp32) as sub against `base` scaled by `scale` (a normal float): the
+// container's first segment records the factor. For tests and tools.
+Buffer EncodeScaledSub(const CodecSpec& spec, Bytes raw, const Buffer& base, float scale);
 
 // Decodes `stored` into `out` (exactly the raw length). Deltas need `base` of that length.
 Status DecodePiece(const PieceEncoding& encoding, Bytes stored, Bytes base, MutableBytes out);

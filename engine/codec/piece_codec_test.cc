@@ -224,5 +224,112 @@ TEST(PieceCodecTest, CorruptedHuffmanPlanesAreCorruptionOrCaughtByTheChecksum) {
   EXPECT_GT(rejected, 0);
 }
 
+// Adam's exp_avg_sq one saved version later: decayed by beta2^5 and refreshed by a little new
+// gradient; the new gradient varies per element.
+std::pair<Buffer, Buffer> DecayingMoment(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::lognormal_distribution<float> v0(-12.0f, 1.5f);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::vector<float> a(n), b(n);
+  const float decay = std::pow(0.999f, 5.0f) * 0.9f;
+  for (size_t i = 0; i < n; ++i) {
+    a[i] = v0(rng);
+    const float gi = g(rng) * 1e-3f * std::sqrt(a[i]);
+    b[i] = a[i] * decay + 0.001f * gi * gi;
+  }
+  return {ToBuffer(a.data(), n * 4), ToBuffer(b.data(), n * 4)};
+}
+
+TEST(PieceCodecTest, ScaledPredictionIsChosenForADecayingMomentAndRoundTrips) {
+  auto [base, raw] = DecayingMoment(256 << 10, 21);
+  EncodedPiece p = EncodePiece(CodecSpec{}, raw.bytes(), 4, &base);
+  ASSERT_EQ(p.encoding.transform, Transform::kSub);
+  ASSERT_FALSE(p.stored.empty());
+  EXPECT_EQ(static_cast<uint8_t>(p.stored.data()[0]), 0x40);  // the factor's segment
+  ExpectRoundTrip(p, raw, &base);
+  // It beats sub against the unscaled base by a wide margin on such data.
+  Buffer unscaled = EncodePieceAs(CodecSpec{}, raw.bytes(), Transform::kSub, 4, &base);
+  EXPECT_LT(p.stored.size() * 10, unscaled.size() * 9);
+  // Weights that moved a little: no factor (the prediction would be the base itself).
+  std::vector<float> w = Weights(1 << 16, 22), w2 = w;
+  for (float& x : w2) x += 1e-5f;
+  Buffer wb = ToBuffer(w.data(), w.size() * 4), wr = ToBuffer(w2.data(), w2.size() * 4);
+  EncodedPiece q = EncodePiece(CodecSpec{}, wr.bytes(), 4, &wb);
+  ASSERT_EQ(q.encoding.transform, Transform::kSub);
+  EXPECT_NE(static_cast<uint8_t>(q.stored.data()[0]), 0x40);
+  ExpectRoundTrip(q, wr, &wb);
+}
+
+TEST(PieceCodecTest, ScaledPredictionIsExactOnSpecialValuesAndOddLengths) {
+  // NaN (with payloads), infinities, zeros of both signs, subnormals, the largest floats
+  // (whose product overflows) and the smallest normals (whose product underflows).
+  const uint32_t specials[] = {0x7fc00000, 0x7f800001, 0xffc01234, 0x7f800000, 0xff800000,
+                               0x00000000, 0x80000000, 0x00000001, 0x807fffff, 0x7f7fffff,
+                               0xff7fffff, 0x00800000, 0x80800000, 0x3f800000, 0x4b000000};
+  for (float scale : {0.5f, 0.994f, 1.75f, 3.0e38f, 1.0e-30f}) {
+    for (size_t size : {size_t{0}, size_t{1}, size_t{3}, size_t{4}, size_t{61}, size_t{4099}}) {
+      std::mt19937 rng(static_cast<uint32_t>(size));
+      Buffer base(size), raw(size);
+      for (size_t i = 0; i < size; ++i) {
+        base.data()[i] = static_cast<std::byte>(rng());
+        raw.data()[i] = static_cast<std::byte>(rng());
+      }
+      for (size_t i = 0; i + 4 <= size; i += 4) {
+        const uint32_t b = specials[(i / 4) % std::size(specials)];
+        const uint32_t v = specials[(i / 4 + 3) % std::size(specials)];
+        std::memcpy(base.data() + i, &b, 4);
+        if (i % 8 == 0) std::memcpy(raw.data() + i, &v, 4);
+      }
+      Buffer stored = EncodeScaledSub(CodecSpec{}, raw.bytes(), base, scale);
+      Buffer back(size);
+      ASSERT_TRUE(DecodePiece({Transform::kSub, 4, Codec::kLz4}, stored.bytes(), base.bytes(),
+                              back.mutable_bytes())
+                      .ok())
+          << "scale " << scale << " size " << size;
+      ASSERT_EQ(0, std::memcmp(back.data(), raw.data(), size)) << scale << " " << size;
+    }
+  }
+  // All-equal pieces, with and without a factor.
+  std::vector<float> ones(1 << 12, 1.0f), twos(1 << 12, 2.0f);
+  Buffer b1 = ToBuffer(ones.data(), ones.size() * 4), r2 = ToBuffer(twos.data(), twos.size() * 4);
+  EncodedPiece p = EncodePiece(CodecSpec{}, r2.bytes(), 4, &b1);
+  ExpectRoundTrip(p, r2, &b1);
+  EXPECT_LT(p.stored_raw() ? r2.size() : p.stored.size(), r2.size() / 50);
+}
+
+TEST(PieceCodecTest, MalformedPredictionSegmentsAreCorruption) {
+  auto [base, raw] = DecayingMoment(4096 + 1, 23);
+  Buffer stored = EncodeScaledSub(CodecSpec{}, raw.bytes(), base, 0.9f);
+  Buffer out(raw.size());
+  const PieceEncoding sub4{Transform::kSub, 4, Codec::kLz4};
+  ASSERT_TRUE(DecodePiece(sub4, stored.bytes(), base.bytes(), out.mutable_bytes()).ok());
+  // Truncations.
+  for (size_t cut = 0; cut < stored.size(); cut += 37) {
+    EXPECT_FALSE(
+        DecodePiece(sub4, stored.bytes().first(cut), base.bytes(), out.mutable_bytes()).ok());
+  }
+  // The factor's segment in a container of another width or transform, with another length,
+  // or a factor that is not a normal float.
+  EXPECT_FALSE(DecodePiece({Transform::kSub, 2, Codec::kLz4}, stored.bytes(), base.bytes(),
+                           out.mutable_bytes())
+                   .ok());
+  EXPECT_FALSE(DecodePiece({Transform::kXor, 4, Codec::kLz4}, stored.bytes(), base.bytes(),
+                           out.mutable_bytes())
+                   .ok());
+  EXPECT_FALSE(
+      DecodePiece({Transform::kPlanes, 4, Codec::kLz4}, stored.bytes(), {}, out.mutable_bytes())
+          .ok());
+  for (uint32_t bad_len : {0u, 3u, 5u, 0xffffffffu}) {
+    Buffer bad(stored.bytes());
+    std::memcpy(bad.data() + 1, &bad_len, 4);
+    EXPECT_FALSE(DecodePiece(sub4, bad.bytes(), base.bytes(), out.mutable_bytes()).ok());
+  }
+  for (uint32_t bad_factor : {0x00000000u, 0x00000001u, 0x7f800000u, 0x7fc00000u}) {
+    Buffer bad(stored.bytes());
+    std::memcpy(bad.data() + 5, &bad_factor, 4);
+    EXPECT_FALSE(DecodePiece(sub4, bad.bytes(), base.bytes(), out.mutable_bytes()).ok());
+  }
+}
+
 }  // namespace
 }  // namespace ckptfs
