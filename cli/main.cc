@@ -1,302 +1,191 @@
-// The `ckptfs` command. Each subcommand opens the store, does one thing, and reports what
-// happened in words; exit status 0 on success, 1 on failure, 2 on a usage error.
+// The `ckptfs` command: arguments, help and dispatch. The commands live in the other units of
+// cli/ (cli/cli.h lists them); each reports in words, or in JSON with --json, and returns the
+// exit status: 0 success, 1 failure, 2 usage error (docs/cli.md).
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
-#include <sys/wait.h>
-#include <sys/xattr.h>
-#include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <chrono>
+#include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
-#include <thread>
 
-#include "engine/store/content_writer.h"
+#include "cli/admin_commands.h"
+#include "cli/cli.h"
+#include "cli/export_commands.h"
+#include "cli/mount_commands.h"
+#include "cli/store_commands.h"
 #include "engine/store/store.h"
 #include "fs/mount.h"
 #include "fs/mount_options.h"
 
-namespace ckptfs {
+namespace ckptfs::cli {
 namespace {
 
-constexpr size_t kIoBytes = 4 << 20;
 constexpr const char* kCodecHelp =
     "how new records are compressed: auto, lz4, zstd, zstd:LEVEL, auto+zstd:LEVEL or none; "
     "default: what the store recorded when it was created (auto for a new store). For an "
     "existing store it applies while this process has it open and is not recorded";
 
-int Fail(const Status& s) {
-  std::fprintf(stderr, "ckptfs: %s\n", s.ToString().c_str());
-  return 1;
-}
-
-Result<std::unique_ptr<Store>> OpenExisting(const std::string& dir, StoreOptions options = {}) {
-  options.create_if_missing = false;
-  return Store::Open(dir, options);
-}
-
-int Put(const std::string& dir, const std::string& name, const std::string& codec) {
-  StoreOptions options;
-  if (!codec.empty()) {
-    auto spec = CodecSpec::Parse(codec);
-    if (!spec.ok()) return Fail(spec.status());
-    options.codec = *spec;
-  }
-  auto store = Store::Open(dir, options);
-  if (!store.ok()) return Fail(store.status());
-  auto writer = (*store)->NewWriter();
-  Buffer buf(kIoBytes);
-  for (;;) {
-    ssize_t n = ::read(STDIN_FILENO, buf.data(), buf.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return Fail(Status::FromErrno(errno, "read standard input"));
-    if (n == 0) break;
-    Status s = writer->Append(buf.bytes().first(static_cast<size_t>(n)));
-    if (!s.ok()) return Fail(s);
-  }
-  Store* st = store->get();
-  auto id = writer->Finish([&](Catalog::WriteTxn& txn, ContentId content) {
-    return st->BindNameInTxn(txn, name, content);
-  });
-  if (!id.ok()) return Fail(id.status());
-  return 0;
-}
-
-int Get(const std::string& dir, const std::string& name) {
-  auto store = OpenExisting(dir);
-  if (!store.ok()) return Fail(store.status());
-  auto id = (*store)->LookupName(name);
-  if (!id.ok()) return Fail(id.status());
-  Buffer buf(kIoBytes);
-  for (uint64_t offset = 0;;) {
-    auto n = (*store)->Read(*id, offset, buf.mutable_bytes());
-    if (!n.ok()) return Fail(n.status());
-    if (*n == 0) break;
-    size_t done = 0;
-    while (done < *n) {
-      ssize_t w = ::write(STDOUT_FILENO, buf.data() + done, *n - done);
-      if (w < 0 && errno == EINTR) continue;
-      if (w < 0) return Fail(Status::FromErrno(errno, "write standard output"));
-      done += static_cast<size_t>(w);
+size_t EditDistance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
     }
-    offset += *n;
   }
-  return 0;
+  return row[b.size()];
 }
 
-int Remove(const std::string& dir, const std::string& name) {
-  auto store = OpenExisting(dir);
-  if (!store.ok()) return Fail(store.status());
-  Status s = (*store)->RemoveName(name);
-  return s.ok() ? 0 : Fail(s);
-}
-
-int List(const std::string& dir) {
-  auto store = OpenExisting(dir);
-  if (!store.ok()) return Fail(store.status());
-  auto txn = (*store)->catalog().BeginRead();
-  if (!txn.ok()) return Fail(txn.status());
-  Status err;
-  Status s = txn->ForEachName([&](std::string_view name, ContentId id) {
-    auto row = txn->GetContent(id);
-    uint64_t size = row.ok() && *row ? (*row)->size : 0;
-    std::printf("%14llu  %.*s\n", static_cast<unsigned long long>(size),
-                static_cast<int>(name.size()), name.data());
-    return true;
-  });
-  return s.ok() ? 0 : Fail(s);
-}
-
-int Verify(const std::string& dir) {
-  auto store = OpenExisting(dir);
-  if (!store.ok()) return Fail(store.status());
-  auto report = (*store)->Verify();
-  if (!report.ok()) return Fail(report.status());
-  for (const auto& p : report->problems) std::printf("%s\n", p.c_str());
-  std::printf("verify: %llu chunks, %llu contents checked: %s\n",
-              static_cast<unsigned long long>(report->chunks_checked),
-              static_cast<unsigned long long>(report->contents_checked),
-              report->ok() ? "no problems"
-                           : (std::to_string(report->problems.size()) + " problems").c_str());
-  return report->ok() ? 0 : 1;
-}
-
-// True when `path` is inside a mounted ckptfs (the daemon answers its control attributes).
-bool IsMounted(const std::string& path) {
-  char buf[32];
-  return ::getxattr(path.c_str(), "user.ckptfs.pid", buf, sizeof(buf)) > 0;
-}
-
-int Gc(const std::string& dir, double rewrite_below) {
-  if (IsMounted(dir)) {  // a mounted store: the daemon runs gc
-    if (::setxattr(dir.c_str(), "user.ckptfs.gc", "1", 1, 0) != 0) {
-      return Fail(Status::FromErrno(errno, "gc through the mount " + dir));
+// The subcommand closest to `word` (by edit distance, or the one it is a prefix of), if any
+// is close enough to be a likely typo.
+std::optional<std::string> Closest(const std::string& word, const std::vector<std::string>& names) {
+  std::optional<std::string> best;
+  size_t best_d = 3;  // at most two edits
+  for (const auto& n : names) {
+    size_t d = n.rfind(word, 0) == 0 ? 1 : EditDistance(word, n);
+    if (d < best_d) {
+      best_d = d;
+      best = n;
     }
-    std::printf("gc: done by the daemon serving %s\n", dir.c_str());
-    return 0;
   }
-  auto store = OpenExisting(dir);
-  if (!store.ok()) return Fail(store.status());
-  GcOptions options;
-  options.rewrite_below = rewrite_below;
-  auto report = (*store)->Gc(options);
-  if (!report.ok()) return Fail(report.status());
-  for (const auto& s : report->skipped) std::printf("skipped %s\n", s.c_str());
-  std::printf(
-      "gc: dropped %llu chunks, stored %llu deltas whole, moved %llu records, deleted %llu "
-      "packs, freed %llu bytes in place; pack bytes %llu -> %llu\n",
-      static_cast<unsigned long long>(report->chunks_dropped),
-      static_cast<unsigned long long>(report->deltas_rematerialized),
-      static_cast<unsigned long long>(report->records_moved),
-      static_cast<unsigned long long>(report->packs_deleted),
-      static_cast<unsigned long long>(report->pack_bytes_punched),
-      static_cast<unsigned long long>(report->pack_bytes_before),
-      static_cast<unsigned long long>(report->pack_bytes_after));
-  return 0;
-}
-
-int Stats(const std::string& dir) {
-  if (IsMounted(dir)) {
-    char buf[512];
-    ssize_t n = ::getxattr(dir.c_str(), "user.ckptfs.stats", buf, sizeof(buf));
-    if (n < 0) return Fail(Status::FromErrno(errno, "stats through the mount " + dir));
-    std::fwrite(buf, 1, static_cast<size_t>(n), stdout);
-    return 0;
-  }
-  auto store = OpenExisting(dir);
-  if (!store.ok()) return Fail(store.status());
-  auto st = (*store)->Stats();
-  if (!st.ok()) return Fail(st.status());
-  auto u = [](uint64_t v) { return static_cast<unsigned long long>(v); };
-  std::printf(
-      "contents       %llu\nlogical bytes  %llu\nchunks         %llu\n"
-      "chunk bytes    %llu\nrecord bytes   %llu\npack bytes     %llu\npacks          %llu\n",
-      u(st->contents), u(st->logical_bytes), u(st->chunks), u(st->chunk_bytes), u(st->record_bytes),
-      u(st->pack_bytes), u(st->packs));
-  const auto& by = st->chunks_by_transform;
-  std::printf(
-      "plain chunks   %llu\nplanes chunks  %llu\ndelta chunks   %llu\nlongest chain  %llu\n",
-      u(by[0]), u(by[1]), u(by[2] + by[3]), u(st->max_depth));
-  if (st->logical_bytes > 0) {
-    std::printf("stored/logical %.4f\n",
-                static_cast<double>(st->pack_bytes) / static_cast<double>(st->logical_bytes));
-  }
-  return 0;
-}
-
-Status SetControl(const std::string& path, const char* name) {
-  if (::setxattr(path.c_str(), name, "1", 1, 0) != 0) {
-    return Status::FromErrno(
-        errno, std::string(name + 11) + " " + path + " (is it inside a ckptfs mount?)");
-  }
-  return Status::OK();
-}
-
-int Sync(const std::string& mountpoint) {
-  Status s = SetControl(mountpoint, "user.ckptfs.sync");
-  return s.ok() ? 0 : Fail(s);
-}
-
-int Seal(const std::string& version) {
-  Status s = SetControl(version, "user.ckptfs.seal");
-  return s.ok() ? 0 : Fail(s);
-}
-
-// True while `pid` runs. A zombie has finished: the daemon is reparented to init, which may
-// reap it late (or, in some containers, never).
-bool Running(pid_t pid) {
-  if (::kill(pid, 0) != 0) return false;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(stat, line)) return true;
-  size_t paren = line.rfind(')');
-  return paren == std::string::npos || paren + 2 >= line.size() || line[paren + 2] != 'Z';
-}
-
-// Makes everything durable, unmounts, and waits for the daemon to finish.
-int Umount(const std::string& mountpoint) {
-  char pid_buf[32] = {0};
-  ssize_t n = ::getxattr(mountpoint.c_str(), "user.ckptfs.pid", pid_buf, sizeof(pid_buf) - 1);
-  if (n <= 0) {
-    return Fail(Status::FromErrno(errno, mountpoint + " is not a ckptfs mount"));
-  }
-  pid_t pid = static_cast<pid_t>(std::stol(std::string(pid_buf, static_cast<size_t>(n))));
-  Status s = SetControl(mountpoint, "user.ckptfs.sync");
-  if (!s.ok()) return Fail(s);
-  pid_t child = ::fork();
-  if (child == 0) {
-    ::execlp("fusermount3", "fusermount3", "-u", mountpoint.c_str(), nullptr);
-    ::_exit(127);
-  }
-  int status = 0;
-  ::waitpid(child, &status, 0);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    return Fail(Status::Busy("fusermount3 -u " + mountpoint + " failed (files still open?)"));
-  }
-  for (int i = 0; Running(pid); ++i) {
-    if (i == 100) std::fprintf(stderr, "ckptfs: waiting for the daemon (pid %d) to finish\n", pid);
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return 0;
+  return best;
 }
 
 }  // namespace
-}  // namespace ckptfs
+}  // namespace ckptfs::cli
 
 int main(int argc, char** argv) {
+  using namespace ckptfs;
+  using namespace ckptfs::cli;
   auto logger = spdlog::stderr_color_mt("ckptfs");
   spdlog::set_default_logger(logger);
   spdlog::set_level(spdlog::level::warn);
 
-  CLI::App app{"ckptfs: a deduplicating, compressing store for deep-learning checkpoints"};
+  CLI::App app{
+      "ckptfs: a deduplicating, compressing store for deep-learning checkpoints.\n"
+      "`ckptfs help COMMAND` describes a command; docs/cli.md has the --json schemas."};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "ckptfs " CKPTFS_VERSION);
+  app.set_version_flag("--version", "ckptfs " CKPTFS_VERSION " (store format " +
+                                        std::to_string(kStoreFormatVersion) + ")");
   bool verbose = false;
   app.add_flag("-v,--verbose", verbose, "log what the store does");
-  std::string store, name, codec;  // empty: the store's recorded codec
+  std::string store, name, codec;  // codec empty: the store's recorded codec
+  bool create = false, json = false;
   double rewrite_below = 0.5;
+  const char* kStoreHelp = "the store directory";
+  const char* kTargetHelp = "a store directory, or a ckptfs mount (or a path inside one)";
+  const char* kJsonHelp = "print one JSON object (schema in docs/cli.md) instead of words";
+
+  auto* init = app.add_subcommand("init", "create a store and record its settings (codec)");
+  init->add_option("STORE", store, "a new or empty directory for the store")->required();
+  init->add_option("--codec", codec,
+                   "how records are compressed (recorded; default auto): "
+                   "auto, lz4, zstd, zstd:LEVEL, auto+zstd:LEVEL or none");
+  init->add_flag("--json", json, kJsonHelp);
+  auto* upgrade = app.add_subcommand(
+      "upgrade", "upgrade an older store's format in place (older ckptfs cannot open it then)");
+  upgrade->add_option("STORE", store, kStoreHelp)->required();
+  upgrade->add_flag("--json", json, kJsonHelp);
 
   auto* put = app.add_subcommand("put", "store standard input as NAME (replacing it)");
-  put->add_option("STORE", store, "store directory (created if missing)")->required();
+  put->add_option("STORE", store, kStoreHelp)->required();
   put->add_option("NAME", name, "name to store it under")->required();
-  put->add_option("--codec", codec, ckptfs::kCodecHelp);
+  put->add_option("--codec", codec, kCodecHelp);
+  put->add_flag("--create", create, "create the store if STORE has none");
   auto* get = app.add_subcommand("get", "write the content named NAME to standard output");
-  get->add_option("STORE", store)->required();
-  get->add_option("NAME", name)->required();
+  get->add_option("STORE", store, kStoreHelp)->required();
+  get->add_option("NAME", name, "a name given to put")->required();
   auto* rm = app.add_subcommand("rm", "forget NAME; its chunks go at the next gc");
-  rm->add_option("STORE", store)->required();
-  rm->add_option("NAME", name)->required();
-  auto* ls = app.add_subcommand("ls", "list names and sizes");
-  ls->add_option("STORE", store)->required();
+  rm->add_option("STORE", store, kStoreHelp)->required();
+  rm->add_option("NAME", name, "a name given to put")->required();
+  auto* ls = app.add_subcommand("ls", "list the names given to put, with their sizes");
+  ls->add_option("STORE", store, kStoreHelp)->required();
+  ls->add_flag("--json", json, kJsonHelp);
   auto* verify =
       app.add_subcommand("verify", "check every record and reference; exit 1 on any problem");
-  verify->add_option("STORE", store)->required();
+  verify->add_option("STORE", store, kTargetHelp)->required();
+  verify->add_flag("--json", json, kJsonHelp);
   auto* gc =
       app.add_subcommand("gc", "free unreferenced chunks and compact packs (STORE or a mount)");
-  gc->add_option("STORE", store)->required();
+  gc->add_option("STORE", store, kTargetHelp)->required();
   gc->add_option("--rewrite-below", rewrite_below,
                  "rewrite packs whose live fraction is below this")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
+  gc->add_flag("--json", json, kJsonHelp);
   auto* stats = app.add_subcommand("stats", "logical vs stored bytes (STORE or a mount)");
-  stats->add_option("STORE", store)->required();
+  stats->add_option("STORE", store, kTargetHelp)->required();
+  stats->add_flag("--json", json, kJsonHelp);
+  std::string version;
+  auto* log = app.add_subcommand(
+      "log", "the versions: when, sealed, files, bytes each added to the store, training step");
+  log->add_option("STORE", store, kTargetHelp)->required();
+  log->add_option("VERSION", version, "one version, with its files");
+  log->add_flag("--json", json, kJsonHelp);
+  uint64_t keep_last = 0, keep_every = 0;
+  bool dry_run = false;
+  auto* forget = app.add_subcommand(
+      "forget", "remove old sealed versions, keeping the last N (and every K-th), then gc");
+  forget->add_option("STORE", store, kTargetHelp)->required();
+  forget->add_option("--keep-last", keep_last, "keep the newest N versions")
+      ->required()
+      ->check(CLI::PositiveNumber);
+  forget
+      ->add_option("--keep-every", keep_every,
+                   "also keep every K-th version counted from the oldest (1st, K+1-th, ...)")
+      ->check(CLI::PositiveNumber);
+  forget->add_flag("--dry-run", dry_run, "say what would be removed; change nothing");
+  forget->add_flag("--json", json, kJsonHelp);
+  std::string v1, v2, dest, to, dtype;
+  auto* diff = app.add_subcommand(
+      "diff", "compare two versions per file and per tensor (changed elements, max |diff|)");
+  diff->add_option("STORE", store, kTargetHelp)->required();
+  diff->add_option("V1", v1, "the older version")->required();
+  diff->add_option("V2", v2, "the newer version")->required();
+  diff->add_flag("--json", json, kJsonHelp);
+  auto* export_ = app.add_subcommand(
+      "export", "write a checkpoint's tensors as safetensors or .npy files (no pickle code runs)");
+  export_
+      ->add_option("SOURCE", name, "MNT/VERSION/FILE, or STORE/VERSION/FILE of an unmounted store")
+      ->required();
+  export_->add_option("DEST", dest, "a new file (safetensors) or directory (npy)")->required();
+  export_->add_option("--to", to, "safetensors or npy")
+      ->required()
+      ->check(CLI::IsMember({"safetensors", "npy", "pt"}));
+  export_->add_option("--dtype", dtype, "convert floating tensors: fp32, bf16 or fp16")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  export_->add_flag("--json", json, kJsonHelp);
+  auto* restore = app.add_subcommand(
+      "restore", "copy a version's files out of a store (mounted or not) into a new directory");
+  restore->add_option("STORE", store, kTargetHelp)->required();
+  restore->add_option("VERSION", version, "the version to restore")->required();
+  restore->add_option("DIR", dest, "a new directory")->required();
+  restore->add_flag("--json", json, kJsonHelp);
+  auto* status = app.add_subcommand(
+      "status", "the ckptfs mounts of this machine: stores, daemons, settings, queues");
+  status->add_flag("--json", json, kJsonHelp);
 
-  ckptfs::MountArgs margs;
+  MountArgs margs;
   std::string cache_size = "256M", inflight_size = "256M";
   double seal_after = 10;
   double snapshot_timeout = 1800;
-  auto* mount = app.add_subcommand("mount", "mount STORE (created if missing) at MOUNTPOINT");
-  mount->add_option("STORE", margs.store)->required();
-  mount->add_option("MOUNTPOINT", margs.mountpoint)->required();
+  auto* mount = app.add_subcommand("mount", "mount STORE at MOUNTPOINT (a daemon serves it)");
+  mount->add_option("STORE", margs.store, "the store directory (see `ckptfs init`)")->required();
+  mount->add_option("MOUNTPOINT", margs.mountpoint, "an existing directory, not a mount point")
+      ->required();
+  mount->add_flag("--create", margs.create, "create the store if STORE has none");
   mount->add_flag("-f,--foreground", margs.foreground, "stay in the foreground, log to stderr");
-  mount->add_option("--cache-size", cache_size, "decoded-chunk cache, e.g. 128M")
+  mount->add_option("--cache-size", cache_size, "decoded-chunk cache, e.g. 128M, 4G, 1T")
       ->capture_default_str();
   mount
       ->add_option("--inflight", inflight_size, "bytes queued for compression before write() waits")
       ->capture_default_str();
-  mount->add_option("--codec", codec, ckptfs::kCodecHelp);
+  mount->add_option("--codec", codec, kCodecHelp);
   mount
       ->add_option("--delta-chain", margs.max_delta_chain,
                    "records a read may decode per chunk: a whole one and deltas on it; 1: "
@@ -317,32 +206,84 @@ int main(int argc, char** argv) {
   std::vector<std::string> mount_options;
   mount->add_option("-o", mount_options,
                     "comma-separated options, as in fstab: cache_size=, inflight=, codec=, "
-                    "delta_chain=, seal_after=, snapshot_timeout= (as the flags above, and "
-                    "applied after them), FUSE options (allow_other, ro, ...)");
-  std::string mountpoint, version;
+                    "delta_chain=, seal_after=, snapshot_timeout=, create (as the flags above, "
+                    "and applied after them), FUSE options (allow_other, ro, ...)");
+  std::string mountpoint;
   auto* umount = app.add_subcommand("umount", "make everything durable, then unmount");
-  umount->add_option("MOUNTPOINT", mountpoint)->required();
+  umount->add_option("MOUNTPOINT", mountpoint, "a ckptfs mount point")->required();
   auto* sync = app.add_subcommand("sync", "wait until everything written so far is durable");
-  sync->add_option("MOUNTPOINT", mountpoint)->required();
+  sync->add_option("MOUNTPOINT", mountpoint, "a ckptfs mount (or a path inside one)")->required();
   auto* seal = app.add_subcommand("seal", "seal a version: it becomes read-only");
-  seal->add_option("MOUNTPOINT/VERSION", version)->required();
+  seal->add_option("MOUNTPOINT/VERSION", version, "a version: a directory at the top of a mount")
+      ->required();
+
+  std::string help_topic;
+  auto* help = app.add_subcommand("help", "describe ckptfs, or one command");
+  help->add_option("COMMAND", help_topic, "the command to describe");
+
+  std::vector<std::string> names;
+  for (const auto* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+    names.push_back(sub->get_name());
+  }
+  if (argc == 1) {
+    std::fputs(app.help().c_str(), stderr);
+    return kExitUsage;
+  }
+  // A mistyped command: say which one was probably meant.
+  for (int i = 1; i < argc; ++i) {
+    std::string word = argv[i];
+    if (word.empty() || word[0] == '-') continue;
+    if (std::find(names.begin(), names.end(), word) == names.end()) {
+      std::fprintf(stderr, "ckptfs: '%s' is not a ckptfs command.", word.c_str());
+      if (auto close = Closest(word, names)) {
+        std::fprintf(stderr, " Did you mean '%s'?", close->c_str());
+      }
+      std::fprintf(stderr, "\nSee `ckptfs help` for the commands.\n");
+      return kExitUsage;
+    }
+    break;
+  }
 
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     int rc = app.exit(e);
-    return rc == 0 ? 0 : 2;
+    return rc == 0 ? kExitOk : kExitUsage;
   }
   if (verbose) spdlog::set_level(spdlog::level::info);
 
-  using namespace ckptfs;
-  if (*put) return Put(store, name, codec);
+  if (*help) {
+    if (help_topic.empty()) {  // app.help() would describe the selected command: help itself
+      std::fputs(app.get_formatter()->make_help(&app, "", CLI::AppFormatMode::Normal).c_str(),
+                 stdout);
+      return kExitOk;
+    }
+    if (std::find(names.begin(), names.end(), help_topic) == names.end()) {
+      std::fprintf(stderr, "ckptfs: no command '%s'.", help_topic.c_str());
+      if (auto close = Closest(help_topic, names)) {
+        std::fprintf(stderr, " Did you mean '%s'?", close->c_str());
+      }
+      std::fprintf(stderr, "\n");
+      return kExitUsage;
+    }
+    std::fputs(app.get_subcommand(help_topic)->help().c_str(), stdout);
+    return kExitOk;
+  }
+  if (*init) return Init(store, codec, json);
+  if (*upgrade) return Upgrade(store, json);
+  if (*put) return Put(store, name, codec, create);
   if (*get) return Get(store, name);
   if (*rm) return Remove(store, name);
-  if (*ls) return List(store);
-  if (*verify) return Verify(store);
-  if (*gc) return Gc(store, rewrite_below);
-  if (*stats) return Stats(store);
+  if (*ls) return List(store, json);
+  if (*verify) return Verify(store, json);
+  if (*gc) return Gc(store, rewrite_below, json);
+  if (*stats) return Stats(store, json);
+  if (*log) return Log(store, version, json);
+  if (*forget) return Forget(store, keep_last, keep_every, dry_run, json);
+  if (*status) return ShowStatus(json);
+  if (*diff) return Diff(store, v1, v2, json);
+  if (*export_) return Export(name, dest, to, dtype, json);
+  if (*restore) return Restore(store, version, dest, json);
   if (*mount) {
     auto cache = ParseSize(cache_size);
     auto inflight = ParseSize(inflight_size);
@@ -360,10 +301,10 @@ int main(int argc, char** argv) {
       if (Status st = ApplyMountOptions(list, &margs); !st.ok()) return Fail(st);
     }
     if (margs.foreground) spdlog::set_level(spdlog::level::info);
-    return RunMount(margs);
+    return Mount(margs);
   }
   if (*umount) return Umount(mountpoint);
   if (*sync) return Sync(mountpoint);
   if (*seal) return Seal(version);
-  return 2;
+  return kExitUsage;
 }

@@ -2,7 +2,7 @@
 
 #include <fcntl.h>
 #include <malloc.h>
-#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/rotating_file_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
@@ -31,6 +31,8 @@ namespace ckptfs {
 namespace {
 
 constexpr int kReadaheadKb = 4096;
+constexpr size_t kLogFileBytes = 16u << 20;
+constexpr size_t kLogFiles = 3;
 
 // Reports the mount's outcome to the parent waiting in `ckptfs mount` (or to stderr).
 class ReadyPipe {
@@ -73,6 +75,7 @@ void RaiseReadahead(const std::string& mountpoint) {
 
 int Serve(const MountArgs& args, ReadyPipe ready) {
   StoreOptions options;
+  options.create_if_missing = args.create;
   options.codec = args.codec;
   options.cache_bytes = args.cache_bytes;
   options.inflight_bytes = args.inflight_bytes;
@@ -85,7 +88,9 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
   const std::string codec = (*store)->options().codec->ToString();  // given, else recorded
   if (!args.foreground) {
     try {
-      auto log = spdlog::basic_logger_mt("ckptfs-daemon", args.store + "/ckptfs.log");
+      // Rotated: ckptfs.log, then ckptfs.1.log ... ckptfs.3.log, 16 MiB each (docs/cli.md).
+      auto log = spdlog::rotating_logger_mt("ckptfs-daemon", args.store + "/ckptfs.log",
+                                            kLogFileBytes, kLogFiles);
       log->flush_on(spdlog::level::info);
       spdlog::set_default_logger(log);
       spdlog::set_level(spdlog::level::info);

@@ -1,11 +1,12 @@
 // fs/mount.h
 //
-// `ckptfs mount`: opens (or creates) a store, mounts it with FUSE and serves requests until the
-// filesystem is unmounted (fusermount3 -u, `ckptfs umount`, SIGTERM/SIGINT). On the way out
-// every file that close() accepted is committed before the process exits.
+// `ckptfs mount`: opens a store (creates it only when asked), mounts it with FUSE and serves
+// requests until the filesystem is unmounted (fusermount3 -u, `ckptfs umount`, SIGTERM/SIGINT). On
+// the way out every file that close() accepted is committed before the process exits.
 //
 // Without `foreground` the command forks a daemon and returns once the mount is ready (or
-// with the daemon's error); the daemon logs to STORE/ckptfs.log.
+// with the daemon's error); the daemon logs to STORE/ckptfs.log (rotated at 16 MiB, three
+// older files kept: ckptfs.1.log ... ckptfs.3.log).
 #pragma once
 
 #include <chrono>
@@ -23,6 +24,9 @@ struct MountArgs {
   std::string store;
   std::string mountpoint;
   bool foreground = false;
+  // Create the store when STORE has none (`--create`, -o create); otherwise a missing store
+  // fails the mount, so that a mistyped path does not make a new empty store.
+  bool create = false;
   size_t cache_bytes = 256u << 20;
   size_t inflight_bytes = 256u << 20;
   std::optional<CodecSpec> codec;  // unset: the store's recorded codec (StoreOptions::codec)

@@ -70,6 +70,8 @@ Status ApplyOne(std::string_view option, MountArgs* args) {
       if (*seconds <= 0) return Status::InvalidArgument("-o snapshot_timeout must be positive");
       args->snapshot_timeout = Millis(*seconds);
     }
+  } else if (key == "create" && !has_value) {
+    args->create = true;
   } else if (!ForMountOnly(key)) {
     args->fuse_options.emplace_back(option);
   }
@@ -83,7 +85,7 @@ Result<size_t> ParseSize(std::string_view text) {
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   std::string_view unit(end, static_cast<size_t>(text.data() + text.size() - end));
   if (ec != std::errc() || end == text.data()) {
-    return Status::InvalidArgument("bad size '" + std::string(text) + "': use e.g. 128M or 2G");
+    return Status::InvalidArgument("bad size '" + std::string(text) + "': use e.g. 128M, 2G or 1T");
   }
   unsigned shift = 0;
   if (unit == "K" || unit == "k") {
@@ -92,8 +94,10 @@ Result<size_t> ParseSize(std::string_view text) {
     shift = 20;
   } else if (unit == "G" || unit == "g") {
     shift = 30;
+  } else if (unit == "T" || unit == "t") {
+    shift = 40;
   } else if (!unit.empty()) {
-    return Status::InvalidArgument("bad size unit in '" + std::string(text) + "'");
+    return Status::InvalidArgument("bad size unit in '" + std::string(text) + "': K, M, G or T");
   }
   if (v > (SIZE_MAX >> shift)) {
     return Status::InvalidArgument("size '" + std::string(text) + "' is too large");

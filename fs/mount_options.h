@@ -10,7 +10,8 @@
 //
 // Three kinds of option:
 //   - the daemon's own, the same settings as the flags of `ckptfs mount`: cache_size=SIZE,
-//     inflight=SIZE, codec=SPEC, delta_chain=N, seal_after=SECONDS, snapshot_timeout=SECONDS;
+//     inflight=SIZE, codec=SPEC, delta_chain=N, seal_after=SECONDS, snapshot_timeout=SECONDS,
+//     create (make the store if STORE has none);
 //   - options for mount(8) and systemd, not for the filesystem: defaults, auto, noauto, user,
 //     nouser, users, owner, group, nofail, _netdev, comment=..., x-...; dropped;
 //   - everything else goes to FUSE as given (allow_other, ro, noatime, ...): FUSE refuses what it
@@ -25,7 +26,7 @@
 
 namespace ckptfs {
 
-// "128M", "2G", "4096" -> bytes (K, M and G are powers of 1024).
+// "128M", "2G", "1T", "4096" -> bytes (K, M, G and T are powers of 1024).
 Result<size_t> ParseSize(std::string_view text);
 
 // Applies every option of `list` to `args`, left to right (a later one wins). Returns

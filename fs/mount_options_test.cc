@@ -12,10 +12,20 @@ TEST(ParseSize, UnitsArePowersOf1024) {
   EXPECT_EQ(*ParseSize("2g"), size_t{2} << 30);
   EXPECT_FALSE(ParseSize("").ok());
   EXPECT_FALSE(ParseSize("M").ok());
-  EXPECT_FALSE(ParseSize("12T").ok());
+  EXPECT_EQ(*ParseSize("1T"), size_t{1} << 40);
+  EXPECT_FALSE(ParseSize("12P").ok());
   EXPECT_FALSE(ParseSize("-1M").ok());
   EXPECT_FALSE(ParseSize("99999999999999999999").ok());
   EXPECT_FALSE(ParseSize("17179869184G").ok());  // 2^64 bytes
+  EXPECT_FALSE(ParseSize("16777216T").ok());     // 2^64 bytes
+}
+
+TEST(ApplyMountOptions, CreateAllowsANewStore) {
+  MountArgs args;
+  EXPECT_FALSE(args.create);
+  ASSERT_TRUE(ApplyMountOptions("create,cache_size=1T", &args).ok());
+  EXPECT_TRUE(args.create);
+  EXPECT_EQ(args.cache_bytes, size_t{1} << 40);
 }
 
 TEST(ApplyMountOptions, DaemonOptionsSetTheirFlags) {

@@ -15,6 +15,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
+"$ckptfs" init "$work/store"
 "$ckptfs" mount "$work/store" "$mnt"
 echo "mounted $work/store at $mnt"
 /usr/bin/python3 - "$mnt" <<'PY'

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "engine/namespace/admin.h"
 #include "engine/namespace/control_protocol.h"
 
 namespace ckptfs {
@@ -189,6 +190,10 @@ std::string ControlServer::Handle(Connection& conn, const std::string& request) 
   }
   if (op == "reserve_pack") return ReservePack(conn);
   if (op == "commit") return Commit(conn, request);
+  if (op == "admin") {  // the ckptfs command's requests for a mounted store (admin.h)
+    auto reply = RunAdmin(store_, fs_, req);
+    return reply.ok() ? Ok({{"reply", *reply}}) : Error(reply.status());
+  }
   return Error(Status::InvalidArgument("unknown op " + op));
 }
 

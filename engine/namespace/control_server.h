@@ -9,6 +9,7 @@
 //   commit {file, size, pack_id, pack_length, chunks, shard}
 //                                       -> {state: accepted} once its records are checked,
 //                                          later {state: complete} once the version is visible
+//   admin {cmd, ...}                    -> {reply}: the `ckptfs` command's requests (admin.h)
 //
 // When the last of world_size ranks has committed, the version appears in one transaction
 // (FileSystem::AddExternalVersion). A rank whose connection closes before it committed

@@ -16,6 +16,20 @@ int64_t NowNs() {
       .count();
 }
 
+// The name of version `ino`, for the log (which names versions as users do), else "inode N".
+std::string VersionName(Catalog& catalog, Ino ino) {
+  std::string name = "inode " + std::to_string(ino);
+  auto txn = catalog.BeginRead();
+  if (!txn.ok()) return name;
+  const std::string prefix = DirentPrefix(kRootIno);
+  (void)txn->ForEach(Table::kDirents, prefix, "", [&](auto key, auto value) {
+    if (value.size() != 12 || DecodeDirent(value).ino != ino) return true;
+    name = std::string(key.substr(prefix.size()));
+    return false;
+  });
+  return name;
+}
+
 }  // namespace
 
 Status FileSystem::Seal(Ino ino) {
@@ -43,7 +57,7 @@ Status FileSystem::Seal(Ino ino) {
   Status s = CommitAndMarkSealed(ino, in_version);
   std::lock_guard lock(open_mu_);
   sealing_.erase(ino);
-  if (s.ok()) spdlog::info("sealed version inode {}", ino);
+  if (s.ok()) spdlog::info("sealed version {}", VersionName(store_->catalog(), ino));
   return s;
 }
 
@@ -98,7 +112,9 @@ void FileSystem::RunSealer() {
       }
       if (idle) {
         Status s = Seal(v.ino);
-        if (!s.ok()) spdlog::warn("automatic seal of inode {} failed: {}", v.ino, s.ToString());
+        if (!s.ok())
+          spdlog::warn("automatic seal of version {} failed: {}",
+                       VersionName(store_->catalog(), v.ino), s.ToString());
       }
     }
   }

@@ -71,6 +71,13 @@ Result<StoreConfig> LoadConfig(const std::filesystem::path& dir, const StoreOpti
                                 std::to_string(kStoreFormatVersion) + ": upgrade ckptfs");
   }
   if (format < kStoreFormatVersion) {
+    if (!options.upgrade_format) {
+      return Status::NotSupported("the store at " + dir.string() + " has format " +
+                                  std::to_string(format) + "; this ckptfs writes format " +
+                                  std::to_string(kStoreFormatVersion) + ": run `ckptfs upgrade " +
+                                  dir.string() + "` to upgrade it in place (older ckptfs " +
+                                  "versions cannot open it afterwards)");
+    }
     // Older stores read as they are; what this version writes needs the newer format.
     spdlog::info("upgrading the store at {} from format {} to {}", dir.string(), format,
                  kStoreFormatVersion);
@@ -131,6 +138,20 @@ Store::~Store() {
 
 std::filesystem::path Store::PackPath(uint32_t pack_id) const {
   return dir_ / "packs" / PackFileName(pack_id);
+}
+
+Result<uint32_t> Store::ReadFormat(const std::filesystem::path& dir) {
+  const auto path = dir / kConfigFile;
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec))
+    return Status::NotFound("no ckptfs store at " + dir.string());
+  CKPTFS_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(path));
+  nlohmann::json config = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (config.is_discarded() || !config.is_object() || !config.contains("format") ||
+      !config["format"].is_number_unsigned()) {
+    return Status::Corruption(path.string() + " is not a ckptfs store configuration");
+  }
+  return static_cast<uint32_t>(config["format"].get<uint64_t>());
 }
 
 Result<std::unique_ptr<Store>> Store::Open(const std::filesystem::path& dir,

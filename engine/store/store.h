@@ -56,11 +56,15 @@ namespace ckptfs {
 
 class ContentWriter;
 
-// 2: records and chunk rows may be deltas / byte planes; stores of format 1 are upgraded.
+// 2: records and chunk rows may be deltas / byte planes. A store of format 1 opens only with
+// StoreOptions::upgrade_format (`ckptfs upgrade STORE`), which rewrites its ckptfs.json.
 inline constexpr uint32_t kStoreFormatVersion = 2;
 
 struct StoreOptions {
   bool create_if_missing = true;
+  // An older store's format is upgraded in place only when this is set; otherwise Open fails
+  // with NotSupported naming `ckptfs upgrade` (a format change is never silent).
+  bool upgrade_format = false;
   // How new records are compressed. Unset: as recorded in the store's ckptfs.json ("codec"),
   // or the default CodecSpec ("auto") for a new store or one that recorded none. A new store
   // records the codec it was created with; a codec given for an existing store applies to the
@@ -143,6 +147,8 @@ class Store {
   // Fails with Busy when another process has it open, NotSupported for a newer format.
   static Result<std::unique_ptr<Store>> Open(const std::filesystem::path& dir,
                                              const StoreOptions& options);
+  // The format recorded in dir's ckptfs.json, without opening the store (NotFound: no store).
+  static Result<uint32_t> ReadFormat(const std::filesystem::path& dir);
   ~Store();
   Store(const Store&) = delete;
   Store& operator=(const Store&) = delete;

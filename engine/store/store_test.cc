@@ -185,6 +185,22 @@ TEST_F(StoreTest, NewerFormatIsRefusedWithAClearMessage) {
   EXPECT_NE(s.status().message().find("upgrade ckptfs"), std::string::npos);
 }
 
+// A format change is never silent: an older store opens only with upgrade_format.
+TEST_F(StoreTest, OlderFormatOpensOnlyWhenUpgradeIsAsked) {
+  Open();
+  store_.reset();
+  ASSERT_TRUE(WriteFileAtomic(dir_ / "ckptfs.json", R"({"format": 1})").ok());
+  auto refused = Store::Open(dir_, StoreOptions{});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), Status::Code::kNotSupported);
+  EXPECT_NE(refused.status().message().find("ckptfs upgrade"), std::string::npos);
+  EXPECT_EQ(*Store::ReadFormat(dir_), 1u);
+  StoreOptions upgrade;
+  upgrade.upgrade_format = true;
+  ASSERT_TRUE(Store::Open(dir_, upgrade).ok());
+  EXPECT_EQ(*Store::ReadFormat(dir_), kStoreFormatVersion);
+}
+
 TEST_F(StoreTest, MissingStoreIsNotFoundWithoutCreate) {
   StoreOptions options;
   options.create_if_missing = false;

@@ -139,7 +139,7 @@ class Mount:
 
     def mount(self, cache_size=None):
         env = dict(os.environ, **self.env)
-        subprocess.run([self.args.bin, "mount", self.store, self.mnt, "--cache-size",
+        subprocess.run([self.args.bin, "mount", self.store, self.mnt, "--create", "--cache-size",
                         cache_size or self.args.cache_size, "--inflight", self.args.inflight],
                        check=True, env=env)
         self.pid = int(os.getxattr(self.mnt, "user.ckptfs.pid"))

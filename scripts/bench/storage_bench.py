@@ -127,7 +127,7 @@ class Mount:
     def __enter__(self):
         os.makedirs(self.mnt, exist_ok=True)
         codec = ["--codec", self.args.codec] if self.args.codec else []
-        run([self.args.bin, "mount", self.store, self.mnt] + codec)
+        run([self.args.bin, "mount", self.store, self.mnt, "--create"] + codec)
         self.mounted = True
         return self
 

@@ -191,7 +191,7 @@ class Mount:
         os.makedirs(self.mnt, exist_ok=True)
 
     def mount(self):
-        cmd = [self.args.bin, "mount", self.store, self.mnt]
+        cmd = [self.args.bin, "mount", self.store, self.mnt, "--create"]
         if self.args.cache_size:
             cmd += ["--cache-size", self.args.cache_size]
         subprocess.run(cmd, check=True)

@@ -24,7 +24,7 @@ TEST_F(CliTest, PutThenGetReturnsTheSameBytes) {
   const std::vector<std::byte> data = PatternBytes(7, 0, 9 * kMiB + 12345);
   WriteFileBytes(in, data);
 
-  ProcessResult put = Ckptfs({"put", store_, "ckpt/step-100.pt"}, in);
+  ProcessResult put = Ckptfs({"put", store_, "ckpt/step-100.pt", "--create"}, in);
   ASSERT_EQ(put.exit_code, 0) << put.err;
   ProcessResult get = Ckptfs({"get", store_, "ckpt/step-100.pt"}, "/dev/null", out);
   ASSERT_EQ(get.exit_code, 0) << get.err;
@@ -51,7 +51,7 @@ TEST_F(CliTest, PutThenGetReturnsTheSameBytes) {
 TEST_F(CliTest, GetOfAMissingNameExitsOneAndSaysSo) {
   const auto in = dir_.path() / "in.bin";
   WriteFileBytes(in, PatternBytes(8, 0, 1000));
-  ASSERT_EQ(Ckptfs({"put", store_, "present"}, in).exit_code, 0);
+  ASSERT_EQ(Ckptfs({"put", store_, "present", "--create"}, in).exit_code, 0);
 
   ProcessResult get = Ckptfs({"get", store_, "missing"});
   EXPECT_EQ(get.exit_code, 1);

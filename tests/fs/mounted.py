@@ -234,7 +234,9 @@ class Mount:
         if options is not None:
             self.options = [str(o) for o in options]
         try:
-            ckptfs("mount", self.store, self.mnt, *self.options, timeout=60)
+            # The first mount makes the store (`ckptfs mount` refuses a missing one otherwise).
+            create = [] if os.path.exists(os.path.join(self.store, "ckptfs.json")) else ["--create"]
+            ckptfs("mount", self.store, self.mnt, *create, *self.options, timeout=60)
             self.pid = int(os.getxattr(self.mnt, "user.ckptfs.pid"))
             with open(_daemon_pid_file(self.mnt), "w") as f:
                 f.write(str(self.pid))

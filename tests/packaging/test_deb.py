@@ -165,7 +165,8 @@ def build_deb(out):
 
 def test_version():
     p = run(["ckptfs", "--version"])
-    check(p.stdout.strip() == "ckptfs " + VERSION, "ckptfs --version says ckptfs " + VERSION)
+    check(p.stdout.strip().startswith("ckptfs %s (store format " % VERSION),
+          "ckptfs --version says ckptfs %s (store format N)" % VERSION)
     check(shutil.which("ckptfs", path=BARE_ENV["PATH"]) == "/usr/bin/ckptfs",
           "ckptfs is /usr/bin/ckptfs")
 
@@ -231,7 +232,7 @@ def test_mount_torch_snapshot_umount(root):
     check(bad.returncode != 0 and mount_entry(mnt) is None and "lots" in bad.stderr,
           "mount -o cache_size=lots fails, naming the option")
     run(["mount", "-t", "fuse.ckptfs", store, mnt, "-o",
-         "cache_size=64M,inflight=32M,codec=zstd:3,seal_after=0,allow_other,nofail"])
+         "create,cache_size=64M,inflight=32M,codec=zstd:3,seal_after=0,allow_other,nofail"])
     entry = mount_entry(mnt)
     check(entry is not None and entry[0] == "fuse.ckptfs" and "allow_other" in entry[2],
           "mount -t fuse.ckptfs mounted %s with allow_other: %s" % (mnt, entry))
@@ -334,7 +335,7 @@ def test_systemd_unit(root):
 
     # No systemd runs here: run the unit's commands as systemd would for ckptfs@<mnt>.
     store, mnt = os.path.join(root, "unit-store"), os.path.join(root, "unit-mnt")
-    conf = {"CKPTFS_STORE": store, "CKPTFS_OPTIONS": "cache_size=48M,codec=zstd"}
+    conf = {"CKPTFS_STORE": store, "CKPTFS_OPTIONS": "create,cache_size=48M,codec=zstd"}
     check(unit_exec(unit, "Type") == "notify", "the unit is Type=notify")
 
     def expand(cmdline):
@@ -394,7 +395,7 @@ def test_unit_under_systemd(root):
     os.makedirs("/etc/ckptfs", exist_ok=True)
     try:
         with open(conf, "w") as f:
-            f.write("CKPTFS_STORE=%s\nCKPTFS_OPTIONS=cache_size=32M\n" % store)
+            f.write("CKPTFS_STORE=%s\nCKPTFS_OPTIONS=create,cache_size=32M\n" % store)
         run(["systemctl", "daemon-reload"])
         run(["systemctl", "start", unit])  # Type=notify: returns once READY=1 arrived
         check(mount_entry(mnt) is not None, "systemctl start %s returned with the mount "

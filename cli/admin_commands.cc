@@ -1,0 +1,271 @@
+// verify, gc, stats, log, forget, status (cli/admin_commands.h).
+#include "cli/admin_commands.h"
+
+#include <cstdio>
+#include <filesystem>
+
+#include "cli/admin_client.h"
+
+namespace ckptfs::cli {
+namespace {
+
+using nlohmann::json;
+
+unsigned long long U(const json& v) { return v.is_number() ? v.get<unsigned long long>() : 0; }
+
+// Where the answer came from, added to every --json document.
+void Describe(const Target& t, json* doc) {
+  (*doc)["store"] = RealPath(t.store);
+  (*doc)["mount"] = t.mount ? json(t.mount->mountpoint) : json();
+}
+
+void PrintGc(const json& r) {
+  for (const auto& s : r["skipped"]) std::printf("skipped %s\n", s.get<std::string>().c_str());
+  std::printf(
+      "gc: dropped %llu chunks, stored %llu deltas whole (their bases went), moved %llu "
+      "records, deleted %llu packs, freed %llu bytes in place; pack bytes %llu -> %llu\n",
+      U(r["chunks_dropped"]), U(r["deltas_rematerialized"]), U(r["records_moved"]),
+      U(r["packs_deleted"]), U(r["pack_bytes_punched"]), U(r["pack_bytes_before"]),
+      U(r["pack_bytes_after"]));
+}
+
+Result<Target> Resolve(const std::string& target) { return ResolveTarget(target); }
+
+}  // namespace
+
+int Verify(const std::string& target, bool as_json) {
+  auto t = Resolve(target);
+  if (!t.ok()) return Fail(t.status());
+  if (!as_json) {
+    std::fprintf(stderr, "verify: reading every record of %s%s...\n", t->store.c_str(),
+                 t->mount ? (" through the daemon of " + t->mount->mountpoint).c_str() : "");
+  }
+  auto r = RunAdminOn(*t, {{"cmd", "verify"}});
+  if (!r.ok()) return Fail(r.status());
+  Describe(*t, &*r);
+  bool ok = (*r)["ok"].get<bool>();
+  if (as_json) {
+    PrintJson(*r);
+  } else {
+    for (const auto& p : (*r)["problems"]) std::printf("%s\n", p.get<std::string>().c_str());
+    std::printf(
+        "verify: %llu chunks, %llu contents checked: %s\n", U((*r)["chunks_checked"]),
+        U((*r)["contents_checked"]),
+        ok ? "no problems" : (std::to_string((*r)["problems"].size()) + " problems").c_str());
+  }
+  return ok ? kExitOk : kExitFailure;
+}
+
+int Gc(const std::string& target, double rewrite_below, bool as_json) {
+  auto t = Resolve(target);
+  if (!t.ok()) return Fail(t.status());
+  auto r = RunAdminOn(*t, {{"cmd", "gc"}, {"rewrite_below", rewrite_below}});
+  if (!r.ok()) return Fail(r.status());
+  Describe(*t, &*r);
+  if (as_json) {
+    PrintJson(*r);
+    return kExitOk;
+  }
+  PrintGc(*r);
+  return kExitOk;
+}
+
+int Stats(const std::string& target, bool as_json) {
+  auto t = Resolve(target);
+  if (!t.ok()) return Fail(t.status());
+  auto r = RunAdminOn(*t, {{"cmd", "stats"}});
+  if (!r.ok()) return Fail(r.status());
+  Describe(*t, &*r);
+  if (as_json) {
+    PrintJson(*r);
+    return kExitOk;
+  }
+  // "label value" lines, one number each (scripts parse them; --json is the stable form).
+  static constexpr std::pair<const char*, const char*> kLines[] = {
+      {"contents", "contents"},
+      {"logical bytes", "logical_bytes"},
+      {"chunks", "chunks"},
+      {"chunk bytes", "chunk_bytes"},
+      {"record bytes", "record_bytes"},
+      {"pack bytes", "pack_bytes"},
+      {"packs", "packs"},
+      {"plain chunks", "plain_chunks"},
+      {"planes chunks", "planes_chunks"},
+      {"delta chunks", "delta_chunks"},
+      {"longest chain", "longest_chain"},
+      {"pack read bytes", "pack_read_bytes"},
+      {"pack reads", "pack_reads"}};
+  for (const auto& [label, key] : kLines) std::printf("%-15s%llu\n", label, U((*r)[key]));
+  if (U((*r)["logical_bytes"]) > 0) {
+    std::printf("stored/logical %.4f\n", (*r)["stored_over_logical"].get<double>());
+  }
+  return kExitOk;
+}
+
+int Log(const std::string& target, const std::string& version, bool as_json) {
+  auto t = Resolve(target);
+  if (!t.ok()) return Fail(t.status());
+  json request = {{"cmd", "log"}};
+  if (!version.empty()) request["version"] = version;
+  auto r = RunAdminOn(*t, request);
+  if (!r.ok()) return Fail(r.status());
+  Describe(*t, &*r);
+  if (as_json) {
+    PrintJson(*r);
+    return kExitOk;
+  }
+  const json& versions = (*r)["versions"];
+  if (versions.empty()) {
+    std::printf("no versions in %s\n", t->store.c_str());
+    return kExitOk;
+  }
+  if (version.empty()) {
+    std::printf("%4s  %-24s %-19s  %-6s %5s %11s %11s %7s  %s\n", "SEQ", "NAME", "CREATED",
+                "SEALED", "FILES", "LOGICAL", "ADDED", "ADDED%", "STEP/LAYOUT");
+  }
+  for (const auto& v : versions) {
+    const json& m = v["metadata"];
+    std::string step = m["global_step"].is_null() ? "-" : std::to_string(U(m["global_step"]));
+    std::string layout = m["layout"].is_null() ? "" : " " + m["layout"].get<std::string>();
+    if (version.empty()) {
+      std::printf("%4llu  %-24s %-19s  %-6s %5llu %11s %11s %6.1f%%  %s%s\n", U(v["seq"]),
+                  v["name"].get<std::string>().c_str(), HumanTime(U(v["created_unix_ns"])).c_str(),
+                  v["sealed"].get<bool>() ? "yes" : "no", U(v["files"]),
+                  HumanBytes(U(v["logical_bytes"])).c_str(),
+                  HumanBytes(U(v["added_bytes"])).c_str(), 100 * v["ratio"].get<double>(),
+                  step.c_str(), layout.c_str());
+      continue;
+    }
+    std::printf("version   %s (seq %llu)\n", v["name"].get<std::string>().c_str(), U(v["seq"]));
+    std::printf("created   %s\nsealed    %s\n", HumanTime(U(v["created_unix_ns"])).c_str(),
+                v["sealed"].get<bool>() ? "yes" : "no");
+    std::printf("files     %llu, %s; added %s to the store (%.1f%%)\n", U(v["files"]),
+                HumanBytes(U(v["logical_bytes"])).c_str(), HumanBytes(U(v["added_bytes"])).c_str(),
+                100 * v["ratio"].get<double>());
+    std::printf("digest    %s\n", v["manifest_digest"].get<std::string>().c_str());
+    std::printf("step      %s%s\n", step.c_str(),
+                m["step_source"].is_null()
+                    ? ""
+                    : (" (from " + m["step_source"].get<std::string>() + ")").c_str());
+    std::printf("layout    %s\n",
+                m["layout"].is_null() ? "-" : m["layout"].get<std::string>().c_str());
+    for (const auto& [k, fv] : m["framework"].items()) {
+      std::printf("framework %s %s\n", k.c_str(), fv.get<std::string>().c_str());
+    }
+    for (const auto& f : v["file_list"]) {
+      std::string fmt = f["format"].is_null() ? ""
+                                              : "  " + f["format"].get<std::string>() + ", " +
+                                                    std::to_string(U(f["tensors"])) + " tensors";
+      std::printf("  %11s  added %11s  %s%s\n", HumanBytes(U(f["size"])).c_str(),
+                  HumanBytes(U(f["added_bytes"])).c_str(), f["path"].get<std::string>().c_str(),
+                  fmt.c_str());
+    }
+  }
+  return kExitOk;
+}
+
+int Forget(const std::string& target, uint64_t keep_last, uint64_t keep_every, bool dry_run,
+           bool as_json) {
+  auto t = Resolve(target);
+  if (!t.ok()) return Fail(t.status());
+  auto log = RunAdminOn(*t, {{"cmd", "log"}});
+  if (!log.ok()) return Fail(log.status());
+  const json& versions = (*log)["versions"];
+  const size_t n = versions.size();
+  json kept = json::array(), forgotten = json::array();
+  for (size_t i = 0; i < n; ++i) {
+    const json& v = versions[i];
+    std::string why;
+    if (i + keep_last >= n) {
+      why = "last " + std::to_string(keep_last);
+    } else if (keep_every > 0 && i % keep_every == 0) {
+      why = "every " + std::to_string(keep_every);
+    } else if (!v["sealed"].get<bool>()) {
+      why = "not sealed";
+    }
+    json entry = {{"name", v["name"]}, {"seq", v["seq"]}};
+    if (why.empty()) {
+      forgotten.push_back(entry);
+    } else {
+      entry["reason"] = why;
+      kept.push_back(entry);
+    }
+  }
+  for (const auto& v : forgotten) {
+    const std::string name = v["name"].get<std::string>();
+    if (dry_run) break;
+    if (t->mount) {  // through the mount, so that the kernel forgets the names too
+      std::error_code ec;
+      std::filesystem::remove_all(std::filesystem::path(t->mount->mountpoint) / name, ec);
+      if (ec) return Fail(Status::IOError("remove " + name + ": " + ec.message()));
+    } else {
+      auto r = RunAdminOn(*t, {{"cmd", "remove_version"}, {"name", name}});
+      if (!r.ok()) return Fail(r.status());
+    }
+  }
+  json doc = {{"kept", kept}, {"forgotten", forgotten}, {"dry_run", dry_run}, {"gc", nullptr}};
+  if (!dry_run && !forgotten.empty()) {
+    auto gc = RunAdminOn(*t, {{"cmd", "gc"}});
+    if (!gc.ok()) return Fail(gc.status());
+    doc["gc"] = *gc;
+  }
+  Describe(*t, &doc);
+  if (as_json) {
+    PrintJson(doc);
+    return kExitOk;
+  }
+  for (const auto& v : kept) {
+    std::printf("keep    %s (%s)\n", v["name"].get<std::string>().c_str(),
+                v["reason"].get<std::string>().c_str());
+  }
+  for (const auto& v : forgotten) {
+    std::printf("%s %s\n", dry_run ? "would forget" : "forget ",
+                v["name"].get<std::string>().c_str());
+  }
+  if (!doc["gc"].is_null()) {
+    PrintGc(doc["gc"]);
+  }
+  return kExitOk;
+}
+
+int ShowStatus(bool as_json) {
+  json mounts = json::array();
+  for (const auto& m : CkptfsMounts()) {
+    json entry = {{"mountpoint", m.mountpoint}, {"store", m.store}, {"read_only", m.read_only}};
+    auto r = RunAdminOn(Target{m.store, m}, {{"cmd", "status"}});
+    if (r.ok()) {
+      r->erase("store");
+      entry["daemon"] = *r;
+      entry["error"] = nullptr;
+    } else {
+      entry["daemon"] = nullptr;
+      entry["error"] = r.status().ToString();
+    }
+    mounts.push_back(entry);
+  }
+  if (as_json) {
+    PrintJson({{"mounts", mounts}});
+    return kExitOk;
+  }
+  if (mounts.empty()) std::printf("no ckptfs mounts\n");
+  for (const auto& e : mounts) {
+    std::printf("%s  (store %s%s)\n", e["mountpoint"].get<std::string>().c_str(),
+                e["store"].get<std::string>().c_str(),
+                e["read_only"].get<bool>() ? ", read-only" : "");
+    if (e["daemon"].is_null()) {
+      std::printf("  daemon: %s\n", e["error"].get<std::string>().c_str());
+      continue;
+    }
+    const json& d = e["daemon"];
+    std::printf("  daemon pid %llu, up %.0f s; codec %s, cache %s, delta chain %llu\n", U(d["pid"]),
+                d["uptime_seconds"].get<double>(), d["codec"].get<std::string>().c_str(),
+                HumanBytes(U(d["cache_bytes"])).c_str(), U(d["delta_chain"]));
+    std::printf("  write queue bound %s (peak %s); read from packs %s in %llu reads\n",
+                HumanBytes(U(d["inflight_bytes"])).c_str(),
+                HumanBytes(U(d["inflight_peak_bytes"])).c_str(),
+                HumanBytes(U(d["pack_read_bytes"])).c_str(), U(d["pack_reads"]));
+  }
+  return kExitOk;
+}
+
+}  // namespace ckptfs::cli
