@@ -95,7 +95,7 @@ int Stats(const std::string& target, bool as_json) {
       {"longest chain", "longest_chain"},
       {"pack read bytes", "pack_read_bytes"},
       {"pack reads", "pack_reads"}};
-  for (const auto& [label, key] : kLines) std::printf("%-15s%llu\n", label, U((*r)[key]));
+  for (const auto& [label, key] : kLines) std::printf("%-15s %llu\n", label, U((*r)[key]));
   if (U((*r)["logical_bytes"]) > 0) {
     std::printf("stored/logical %.4f\n", (*r)["stored_over_logical"].get<double>());
   }
