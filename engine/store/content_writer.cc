@@ -132,8 +132,18 @@ Status ContentWriter::Cut() {
 
 void ContentWriter::Submit() {
   cdc_.Reset();
-  Buffer chunk = std::move(current_);
-  current_ = Buffer();
+  Buffer chunk;
+  if (current_.size() < current_.capacity() / 2) {
+    // A chunk much shorter than the buffer it was filled in (a small tensor, a cut where a
+    // record ends) moves to a buffer of its own size, and the writer keeps its buffer. The
+    // cache and the in-flight budget count sizes: a 4 KiB bias cached in a 1 MiB buffer pinned
+    // 1 MiB, resident once the heap recycles touched pages (fs.sh saves peaked at 606 MiB).
+    chunk = Buffer(current_.bytes());
+    current_.Clear();
+  } else {
+    chunk = std::move(current_);
+    current_ = Buffer();
+  }
   const size_t bytes = chunk.size();
   Slot* slot;
   {

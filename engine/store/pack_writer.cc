@@ -24,6 +24,9 @@ struct PackWriter::InflightWrite {
   bool writeback_only = false;  // a sync_file_range request, not a record
   iovec iov[2];
   size_t total() const { return header_len + payload.size(); }
+  // What the queue holds in memory: a codec's output buffer may be far larger than the
+  // payload in it (sized for the raw chunk, holding a delta of a fifth of it).
+  size_t memory() const { return header_len + payload.capacity(); }
 };
 
 namespace {
@@ -131,7 +134,7 @@ Result<PackLocation> PackWriter::Append(const RecordHeader& header, Buffer paylo
 Status PackWriter::SubmitWrite(std::unique_ptr<InflightWrite> write) {
   if (uring_ok_) {
     while (inflight_ >= kRingDepth ||
-           (queued_bytes_ > 0 && queued_bytes_ + write->total() > options_.queue_bytes)) {
+           (queued_bytes_ > 0 && queued_bytes_ + write->memory() > options_.queue_bytes)) {
       CKPTFS_RETURN_IF_ERROR(Reap(true));
     }
     io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
@@ -140,7 +143,7 @@ Status PackWriter::SubmitWrite(std::unique_ptr<InflightWrite> write) {
       write->iov[1] = {write->payload.data(), write->payload.size()};
       io_uring_prep_writev(sqe, write->fd->get(), write->iov, write->payload.empty() ? 1 : 2,
                            write->offset);
-      queued_bytes_ += write->total();
+      queued_bytes_ += write->memory();
       io_uring_sqe_set_data(sqe, write.release());  // owned by the ring until Reap()
       ++inflight_;
       // The entry is queued now: if this submit fails (EAGAIN), the next one sends it.
@@ -177,7 +180,7 @@ Status PackWriter::Reap(bool wait_one) {
     --inflight_;
     std::unique_ptr<InflightWrite> owned(write);
     if (write->writeback_only) continue;  // a hint: its result does not matter
-    queued_bytes_ -= write->total();
+    queued_bytes_ -= write->memory();
     if (res >= 0 && static_cast<size_t>(res) < write->total()) {
       // Short write: finish it synchronously.
       Status s =

@@ -48,8 +48,9 @@ class PackWriter {
   struct Options {
     uint64_t target_bytes = 1ull << 30;
     bool use_io_uring = true;
-    // The most record bytes queued on the ring, not yet written (at least one record is). The
-    // queue is memory like the write pipeline's: the Store counts it in its in-flight budget.
+    // The most memory (headers and payload buffers, by capacity) queued on the ring, not yet
+    // written (at least one record always is). The queue is memory like the write pipeline's:
+    // the Store counts it in its in-flight budget.
     size_t queue_bytes = 16u << 20;
   };
   // Appends to `resume` (a pack already cut to its committed length) when given and still
