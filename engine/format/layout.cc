@@ -1,7 +1,10 @@
 #include "engine/format/layout.h"
 
+#include <xxhash.h>
+
 #include <algorithm>
 #include <cstring>
+#include <tuple>
 
 #include "engine/format/safetensors.h"
 #include "engine/format/torch_pickle.h"
@@ -18,7 +21,33 @@ bool EndsWith(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }
 
+// The signature of (key, size, dtype) entries: sorted, then hashed.
+using SignatureEntry = std::tuple<std::string, uint64_t, DType>;
+std::optional<uint64_t> SignatureOf(std::vector<SignatureEntry> entries) {
+  if (entries.empty()) return std::nullopt;
+  std::sort(entries.begin(), entries.end());
+  std::string bytes;
+  for (const auto& [key, size, dtype] : entries) {
+    char buf[8];
+    bytes.append(key);
+    bytes.push_back('\0');
+    PutLE<uint64_t>(buf, size);
+    bytes.append(buf, 8);
+    bytes.push_back(static_cast<char>(dtype));
+  }
+  return XXH3_64bits(bytes.data(), bytes.size());
+}
+
 }  // namespace
+
+std::optional<uint64_t> LayoutSignature(const ContentLayout& layout) {
+  std::vector<SignatureEntry> entries;
+  for (const LayoutSection& s : layout.sections) {
+    if (s.dtype && s.size > 0)
+      entries.emplace_back(std::string(SectionKey(s.name)), s.size, *s.dtype);
+  }
+  return SignatureOf(std::move(entries));
+}
 
 std::string_view SectionKey(std::string_view name) {
   const size_t slash = name.find('/');
@@ -170,9 +199,14 @@ size_t LayoutScanner::ScanSafetensorsHeader(Bytes data) {
     format_ = Mode::kDone;  // not safetensors after all: opaque bytes
     return n;
   }
+  std::vector<SignatureEntry> entries;
   for (const SafetensorsTensor& t : index->tensors) {
-    if (t.end > t.begin) tensors_.push_back(Tensor{t.name, t.begin, t.end, t.dtype});
+    if (t.end > t.begin) {
+      tensors_.push_back(Tensor{t.name, t.begin, t.end, t.dtype});
+      entries.emplace_back(std::string(SectionKey(t.name)), t.end - t.begin, t.dtype);
+    }
   }
+  signature_ = SignatureOf(std::move(entries));
   layout_.format = ContentLayout::Format::kSafetensors;
   format_ = tensors_.empty() ? Mode::kDone : Mode::kSafetensors;
   return n;
@@ -237,9 +271,13 @@ void LayoutScanner::EndSection(uint64_t end) {
       const std::string prefix = s.name.substr(0, s.name.size() - kPickleSuffix.size());
       auto index = ParseTorchPickle(AsBytes(pickle_));
       if (index.ok()) {
+        std::vector<SignatureEntry> entries;
         for (const TorchStorage& st : index->storages) {
           storage_dtypes_[prefix + "data/" + st.key] = st.dtype;
+          const uint64_t bytes = st.nbytes;
+          if (bytes > 0) entries.emplace_back("data/" + st.key, bytes, st.dtype);
         }
+        signature_ = SignatureOf(std::move(entries));
       }
     }
     pickle_.clear();

@@ -60,6 +60,13 @@ struct ContentLayout {
   const LayoutSection* Find(std::string_view name) const;
 };
 
+// What makes two checkpoint files versions of one another whatever their names: the tensors they
+// hold, as (SectionKey, size, dtype) of every typed, non-empty section, in key order, hashed
+// (XXH3-64). Two files of the same model and optimizer (names, dtypes, shapes) have the same
+// signature whatever their tensors' values or their pickles' other contents. nullopt when the
+// layout has no typed section.
+std::optional<uint64_t> LayoutSignature(const ContentLayout& layout);
+
 class LayoutScanner {
  public:
   // data.pkl records longer than this are not parsed (their sections stay untyped).
@@ -87,6 +94,10 @@ class LayoutScanner {
   bool done() const { return format_ == Mode::kDone; }
   // The sections found (a section still open at the end is dropped: its size is unknown).
   ContentLayout TakeLayout();
+  // LayoutSignature of the whole file, known early: once data.pkl has been parsed (torch.save
+  // writes it before the tensors' records) or the safetensors header; nullopt before, and for
+  // files of no known format. Equal to LayoutSignature(TakeLayout()) for a well-formed file.
+  std::optional<uint64_t> signature() const { return signature_; }
 
  private:
   enum class Mode { kDetect, kZip, kSafetensorsHeader, kSafetensors, kDone };
@@ -119,6 +130,7 @@ class LayoutScanner {
   bool in_pickle_ = false;
   std::string pickle_;
   std::unordered_map<std::string, DType> storage_dtypes_;
+  std::optional<uint64_t> signature_;
 };
 
 }  // namespace ckptfs

@@ -11,7 +11,8 @@ namespace ckptfs {
 namespace {
 
 // A safetensors file: 8-byte header length, JSON, then the tensors' bytes.
-std::string Safetensors(const std::vector<std::pair<std::string, size_t>>& f32_tensors) {
+std::string Safetensors(const std::vector<std::pair<std::string, size_t>>& f32_tensors,
+                        uint32_t seed = 1) {
   std::string json = "{\"__metadata__\":{\"format\":\"pt\"}";
   size_t at = 0;
   for (const auto& [name, n] : f32_tensors) {
@@ -24,7 +25,7 @@ std::string Safetensors(const std::vector<std::pair<std::string, size_t>>& f32_t
   const uint64_t len = json.size();
   std::memcpy(file.data(), &len, 8);
   file += json;
-  std::mt19937 rng(1);
+  std::mt19937 rng(seed);
   for (size_t i = 0; i < at; ++i) file.push_back(static_cast<char>(rng()));
   return file;
 }
@@ -32,12 +33,15 @@ std::string Safetensors(const std::vector<std::pair<std::string, size_t>>& f32_t
 struct Scanned {
   std::vector<uint64_t> boundaries;
   ContentLayout layout;
+  std::optional<uint64_t> signature;  // as soon as the scanner knew it
+  uint64_t signature_at = 0;          // bytes scanned by then
 };
 
 // Feeds `file` in pieces of the given sizes (cycled) and records every boundary.
 Scanned Scan(const std::string& file, std::vector<size_t> pieces) {
   LayoutScanner scanner;
   Scanned out;
+  uint64_t consumed = 0;
   Bytes rest = AsBytes(file);
   size_t i = 0;
   while (!rest.empty()) {
@@ -45,6 +49,11 @@ Scanned Scan(const std::string& file, std::vector<size_t> pieces) {
     rest = rest.subspan(piece.size());
     while (!piece.empty() || scanner.AtBoundary()) {
       const size_t n = piece.empty() ? 0 : scanner.Scan(piece);
+      consumed += n;
+      if (!out.signature && scanner.signature()) {
+        out.signature = scanner.signature();
+        out.signature_at = consumed;
+      }
       if (scanner.AtBoundary()) out.boundaries.push_back(scanner.boundary());
       piece = piece.subspan(n);
       if (n == 0 && !scanner.AtBoundary()) break;
@@ -74,6 +83,25 @@ TEST(LayoutScannerTest, SafetensorsTensorsAreSectionsWhateverTheSplits) {
     std::vector<uint64_t> expected = {data, data + 4000, data + 4004};
     EXPECT_EQ(s.boundaries, expected);
   }
+}
+
+TEST(LayoutScannerTest, SignatureNamesTheTensorsNotTheirValuesAndIsKnownBeforeThem) {
+  const std::string a = Safetensors({{"w", 1000}, {"b", 10}}, 1);
+  const std::string a2 = Safetensors({{"w", 1000}, {"b", 10}}, 2);   // other values
+  const std::string c = Safetensors({{"w", 1001}, {"b", 10}}, 1);    // another shape
+  const std::string d = Safetensors({{"w2", 1000}, {"b", 10}}, 1);   // another name
+  Scanned sa = Scan(a, {7}), sa2 = Scan(a2, {a2.size()}), sc = Scan(c, {4096}), sd = Scan(d, {1});
+  ASSERT_TRUE(sa.signature);
+  EXPECT_EQ(sa.signature, sa2.signature);
+  EXPECT_NE(sa.signature, sc.signature);
+  EXPECT_NE(sa.signature, sd.signature);
+  // Known before the first tensor's bytes, and what the stored layout gives.
+  EXPECT_LE(sa.signature_at, sa.layout.sections[0].start);
+  EXPECT_EQ(LayoutSignature(sa.layout), sa.signature);
+  EXPECT_EQ(LayoutSignature(sc.layout), sc.signature);
+  // A layout without typed sections has none.
+  EXPECT_FALSE(LayoutSignature(ContentLayout{}));
+  EXPECT_FALSE(Scan(std::string("no format at all"), {3}).signature);
 }
 
 TEST(LayoutScannerTest, NotAFormatHasNoSections) {

@@ -511,6 +511,19 @@ std::unique_ptr<ContentWriter> FileSystem::NewFileWriter(OpenInode& f) {
   if (std::optional<ContentId> previous = CommittedContent(ReferenceFile(f))) {
     Status s = writer->SetReference(*previous);
     if (!s.ok()) spdlog::warn("inode {}: no deltas for this file: {}", f.ino, s.ToString());
+  } else {
+    // No file of that name in the previous version (a new name per checkpoint, a copy): the
+    // most recent stored file with the same tensors is the reference, found by its layout.
+    const Ino ino = f.ino;
+    writer->SetReferenceFinder([store = store_, ino](uint64_t signature) {
+      auto found = store->FindContentByLayout(signature);
+      if (!found.ok()) {
+        spdlog::warn("inode {}: looking for a delta reference: {}", ino, found.status().ToString());
+        return std::optional<ContentId>();
+      }
+      if (*found) spdlog::debug("inode {}: deltas against content {} (same tensors)", ino, **found);
+      return *found;
+    });
   }
   return writer;
 }

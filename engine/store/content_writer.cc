@@ -1,5 +1,7 @@
 #include "engine/store/content_writer.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <array>
 #include <cstring>
@@ -43,6 +45,14 @@ ContentWriter::ContentWriter(Store* store, std::optional<ContentId> base, uint64
 
 Status ContentWriter::SetReference(ContentId previous) {
   if (size_ != 0 || base_) return Status::InvalidArgument("SetReference after the first bytes");
+  return LoadReference(previous);
+}
+
+void ContentWriter::SetReferenceFinder(ReferenceFinder find) {
+  if (size_ == 0 && !base_ && !reference_) finder_ = std::move(find);
+}
+
+Status ContentWriter::LoadReference(ContentId previous) {
   CKPTFS_ASSIGN_OR_RETURN(std::optional<ContentLayout> layout, store_->GetLayout(previous));
   reference_sections_.clear();
   reference_.reset();
@@ -68,6 +78,14 @@ Status ContentWriter::Append(Bytes data) {
     AppendChunked(data.first(n));
     data = data.subspan(n);
     if (!scanner_) continue;
+    if (finder_ && scanner_->signature()) {
+      // No tensor piece has been submitted yet: they all come after data.pkl or the header.
+      if (std::optional<ContentId> found = finder_(*scanner_->signature())) {
+        Status s = LoadReference(*found);
+        if (!s.ok()) spdlog::warn("no deltas against content {}: {}", *found, s.ToString());
+      }
+      finder_ = nullptr;
+    }
     if (scanner_->AtBoundary()) {
       std::optional<Piece> next;
       if (const LayoutSection* s = scanner_->section()) next = Piece{s->name, s->start, s->width()};

@@ -23,6 +23,10 @@
 // (by name) and offset within it match a chunk of the same length there may be stored as a
 // delta against that chunk (Store: max_delta_chain).
 //
+// SetReferenceFinder(find) is for a file that has no such predecessor: once the layout scanner
+// knows the file's LayoutSignature (after data.pkl or the safetensors header, before any tensor
+// piece), find(signature) may name a content to use as the reference, as SetReference would.
+//
 // Finish() waits for the pipeline, makes the records durable and commits the content; a hook
 // runs inside that same catalog transaction (to bind the content to a name or inode). A writer
 // destroyed without Finish() abandons its content: nothing becomes visible.
@@ -66,6 +70,9 @@ class ContentWriter {
 
   // Deltas against `previous` (see above). REQUIRES: before the first Append.
   Status SetReference(ContentId previous);
+  // See above. REQUIRES: before the first Append; no effect once a reference is set.
+  using ReferenceFinder = std::function<std::optional<ContentId>(uint64_t signature)>;
+  void SetReferenceFinder(ReferenceFinder find);
   Status Append(Bytes data);
   // Ends the current chunk here (no-op at a chunk boundary).
   Status Cut();
@@ -103,6 +110,8 @@ class ContentWriter {
   // none). Only switches sections if a chunk already ends at or after `offset`.
   void CutAt(uint64_t offset, std::optional<Piece> next);
   void Submit();
+  // Takes `previous`'s layout as the reference's (SetReference without its precondition).
+  Status LoadReference(ContentId previous);
   void WaitIdle();
   void Abandon();
 
@@ -115,6 +124,7 @@ class ContentWriter {
   ContentLayout layout_;                  // once the scanner is done
   std::optional<Piece> piece_;            // the section of the chunk being filled
   std::optional<ContentId> reference_;
+  ReferenceFinder finder_;                                        // until the signature is known
   std::unordered_map<std::string, uint64_t> reference_sections_;  // SectionKey -> start
   CutMode mode_ = CutMode::kContentDefined;
   Buffer current_;

@@ -459,6 +459,38 @@ Result<std::optional<ContentLayout>> Store::GetLayout(ContentId id) const {
   return std::optional<ContentLayout>(std::move(layout));
 }
 
+Result<std::optional<ContentId>> Store::FindContentByLayout(uint64_t signature,
+                                                            uint64_t max_scan) const {
+  CKPTFS_ASSIGN_OR_RETURN(auto txn, catalog_->BeginRead());
+  CKPTFS_ASSIGN_OR_RETURN(const uint64_t last, txn.GetCounter(kNextContentKey));
+  for (ContentId id = last; id > 0 && last - id < max_scan; --id) {
+    std::optional<std::optional<uint64_t>> cached;
+    {
+      std::lock_guard lock(signatures_mu_);
+      auto it = signatures_.find(id);
+      if (it != signatures_.end()) cached = it->second;
+    }
+    if (!cached) {
+      CKPTFS_ASSIGN_OR_RETURN(std::optional<std::string> row,
+                              txn.Get(Table::kContentMeta, ContentMetaKey(id)));
+      std::optional<uint64_t> sig;
+      if (row) {
+        Result<ContentLayout> layout = ContentLayout::Decode(*row);
+        if (layout.ok()) sig = LayoutSignature(*layout);
+      }
+      cached = sig;
+      std::lock_guard lock(signatures_mu_);
+      if (signatures_.size() >= kMaxCachedSignatures) signatures_.clear();
+      signatures_[id] = sig;
+    }
+    if (*cached != signature) continue;
+    // Deleted since it was cached: not a reference.
+    CKPTFS_ASSIGN_OR_RETURN(std::optional<ContentRow> content, txn.GetContent(id));
+    if (content) return std::optional<ContentId>(id);
+  }
+  return std::optional<ContentId>();
+}
+
 Result<ContentEncoding> Store::DescribeContent(ContentId id) const {
   CKPTFS_ASSIGN_OR_RETURN(auto txn, catalog_->BeginRead());
   CKPTFS_ASSIGN_OR_RETURN(std::optional<ContentRow> content, txn.GetContent(id));

@@ -161,6 +161,11 @@ class Store {
   Result<ContentRow> StatContent(ContentId id) const;
   // The tensor layout learned when the content was written (format/layout.h), if any.
   Result<std::optional<ContentLayout>> GetLayout(ContentId id) const;
+  // The most recent content whose layout has `signature` (LayoutSignature), among the last
+  // `max_scan` content ids: a delta reference for a file that has no same-named predecessor
+  // (Lightning's epoch=N-step=M.ckpt, ckpt_{step}.pt loops, copies). nullopt when none.
+  Result<std::optional<ContentId>> FindContentByLayout(uint64_t signature,
+                                                       uint64_t max_scan = 256) const;
   Result<ContentEncoding> DescribeContent(ContentId id) const;
   // Reads up to out.size() bytes at offset; returns the count (short only at the end).
   Result<size_t> Read(ContentId id, uint64_t offset, MutableBytes out) const;
@@ -301,6 +306,12 @@ class Store {
   mutable std::shared_mutex gc_mu_;  // shared: location lookups + reads; exclusive: gc moves
   std::mutex mu_;
   std::unordered_map<ChunkId, Pinned> pinned_;  // GUARDED_BY(mu_)
+  // LayoutSignature by content id for FindContentByLayout (a content's layout never changes
+  // and ids are not reused); cleared when it reaches kMaxCachedSignatures.
+  static constexpr size_t kMaxCachedSignatures = 8192;
+  mutable std::mutex signatures_mu_;
+  mutable std::unordered_map<ContentId, std::optional<uint64_t>>
+      signatures_;  // GUARDED_BY(signatures_mu_)
 };
 
 }  // namespace ckptfs

@@ -1,0 +1,106 @@
+#!/usr/bin/python3
+"""Deltas for checkpoints that change their names: the delta reference found by tensor layout.
+
+Lightning's ModelCheckpoint writes every checkpoint as a new file (`epoch=0-step=N.ckpt`) into
+one directory, and plain loops write `ckpt_{step}.pt`: no file has a same-named predecessor in
+a previous version. The real training trajectory of scripts/gen_trajectory.py (--size ci,
+fp32: model + Adam, DeepSpeed layout) is saved three ways, each into a fresh store:
+
+  deepspeed   global_stepN/FILE, one version per checkpoint (deltas by path, as before)
+  lightning   lightning_logs/version_0/checkpoints/epoch=0-step=N-FILE: one directory
+  renamed     the same names, into a store mounted with --delta-chain 1 (no deltas at all)
+
+Then: the lightning layout stores about as few bytes as the deepspeed one (its files found
+their predecessors by layout), clearly fewer than without deltas; every file reads back
+bitwise, also after a remount; `ckptfs verify` is clean.
+"""
+import filecmp
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import mounted  # noqa: E402
+
+SOURCE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LIGHTNING_DIR = os.path.join("lightning_logs", "version_0", "checkpoints")
+
+
+def steps(trajectory_dir):
+    names = [d for d in os.listdir(trajectory_dir) if d.startswith("global_step")]
+    return sorted(names, key=lambda d: int(d[len("global_step"):]))
+
+
+def checkpoint_files(version_dir):
+    return sorted(f for f in os.listdir(version_dir) if f.endswith(".pt"))
+
+
+class LayoutReferenceTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.root = tempfile.mkdtemp(prefix="layoutref-", dir=mounted.root_dir())
+        cls.addClassCleanup(shutil.rmtree, cls.root, True)
+        out = os.path.join(cls.root, "data")
+        subprocess.run(["/usr/bin/python3", os.path.join(SOURCE, "scripts", "gen_trajectory.py"),
+                        "--out", out, "--size", "ci", "--trajectories", "fp32"], check=True,
+                       stdout=subprocess.DEVNULL, timeout=600)
+        cls.src = os.path.join(out, "fp32")
+        cls.steps = steps(cls.src)
+
+    def save(self, name, layout, options):
+        """Saves every checkpoint in order through a fresh mount; returns (mount, saved paths)."""
+        m = mounted.Mount(name, ["--seal-after", "0"] + options)
+        self.addCleanup(m.close)
+        m.mount()
+        saved = []  # (source file, path in the mount, relative to it)
+        for step in self.steps:
+            for f in checkpoint_files(os.path.join(self.src, step)):
+                if layout == "deepspeed":
+                    rel = os.path.join(step, f)
+                else:
+                    rel = os.path.join(LIGHTNING_DIR, "epoch=0-step=%s-%s" % (
+                        step[len("global_step"):], f))
+                os.makedirs(os.path.dirname(m.path(rel)), exist_ok=True)
+                shutil.copyfile(os.path.join(self.src, step, f), m.path(rel))
+                saved.append((os.path.join(self.src, step, f), rel))
+        return m, saved
+
+    def check_bitwise(self, m, saved):
+        for src, rel in saved:
+            self.assertTrue(filecmp.cmp(src, m.path(rel), shallow=False), rel)
+
+    def test_renamed_checkpoints_get_deltas_like_versions(self):
+        raw = sum(os.path.getsize(src) for step in self.steps
+                  for src in [os.path.join(self.src, step, f)
+                              for f in checkpoint_files(os.path.join(self.src, step))])
+        results = {}
+        for name, layout, options in [("deepspeed", "deepspeed", []),
+                                      ("lightning", "lightning", []),
+                                      ("nodelta", "lightning", ["--delta-chain", "1"])]:
+            m, saved = self.save(name, layout, options)
+            self.check_bitwise(m, saved)
+            m.remount()
+            self.check_bitwise(m, saved)
+            m.umount()
+            st = m.stats()
+            results[name] = st
+            print("%-9s pack bytes %d (%.3f of raw), delta chunks %d" % (
+                name, st["pack bytes"], st["pack bytes"] / raw, st.get("delta chunks", 0)),
+                file=sys.stderr)
+            verify = mounted.ckptfs("verify", m.store, check=False)
+            self.assertEqual(verify.returncode, 0, verify.stdout + verify.stderr)
+        self.assertGreater(results["lightning"]["delta chunks"], 0)
+        self.assertEqual(results["nodelta"].get("delta chunks", 0), 0)
+        # Found by layout, the references are the ones the paths give: the same bytes stored,
+        # up to the first checkpoint's files (which may delta against each other's layout).
+        self.assertLessEqual(results["lightning"]["pack bytes"],
+                             1.02 * results["deepspeed"]["pack bytes"])
+        self.assertLess(results["lightning"]["pack bytes"],
+                        0.97 * results["nodelta"]["pack bytes"])
+
+
+if __name__ == "__main__":
+    unittest.main()
