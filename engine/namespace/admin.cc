@@ -26,6 +26,20 @@ using nlohmann::json;
 
 constexpr uint64_t kMaxMetadataFileBytes = 1 << 20;
 
+// The entries of directory `dir` as (name, inode number), in name order.
+Result<std::vector<std::pair<std::string, Ino>>> Children(const Catalog::ReadTxn& txn, Ino dir,
+                                                          bool dirs_only = false) {
+  std::vector<std::pair<std::string, Ino>> children;
+  const std::string key_prefix = DirentPrefix(dir);
+  CKPTFS_RETURN_IF_ERROR(txn.ForEach(Table::kDirents, key_prefix, "", [&](auto key, auto value) {
+    if (value.size() == 12 && (!dirs_only || S_ISDIR(DecodeDirent(value).mode))) {
+      children.emplace_back(std::string(key.substr(key_prefix.size())), DecodeDirent(value).ino);
+    }
+    return true;
+  }));
+  return children;
+}
+
 struct FileInfo {
   std::string path;  // relative to its version
   Inode inode;
@@ -34,14 +48,7 @@ struct FileInfo {
 // The regular files and symlinks under `dir`, depth first, in name order.
 Status WalkTree(const Catalog::ReadTxn& txn, Ino dir, const std::string& prefix,
                 std::vector<FileInfo>* out) {
-  std::vector<std::pair<std::string, Ino>> children;
-  const std::string key_prefix = DirentPrefix(dir);
-  CKPTFS_RETURN_IF_ERROR(txn.ForEach(Table::kDirents, key_prefix, "", [&](auto key, auto value) {
-    if (value.size() == 12) {
-      children.emplace_back(std::string(key.substr(key_prefix.size())), DecodeDirent(value).ino);
-    }
-    return true;
-  }));
+  CKPTFS_ASSIGN_OR_RETURN(auto children, Children(txn, dir));
   for (const auto& [name, ino] : children) {
     CKPTFS_ASSIGN_OR_RETURN(std::optional<Inode> inode, GetInode(txn, ino));
     if (!inode) return Status::Corruption("directory entry " + prefix + name + " has no inode");
@@ -61,14 +68,7 @@ struct Version {
 
 Result<std::vector<Version>> ListVersions(const Catalog::ReadTxn& txn) {
   std::vector<Version> versions;
-  const std::string key_prefix = DirentPrefix(kRootIno);
-  std::vector<std::pair<std::string, Ino>> dirs;
-  CKPTFS_RETURN_IF_ERROR(txn.ForEach(Table::kDirents, key_prefix, "", [&](auto key, auto value) {
-    if (value.size() == 12 && S_ISDIR(DecodeDirent(value).mode)) {
-      dirs.emplace_back(std::string(key.substr(key_prefix.size())), DecodeDirent(value).ino);
-    }
-    return true;
-  }));
+  CKPTFS_ASSIGN_OR_RETURN(auto dirs, Children(txn, kRootIno, /*dirs_only=*/true));
   for (const auto& [name, ino] : dirs) {
     CKPTFS_ASSIGN_OR_RETURN(std::optional<Inode> inode, GetInode(txn, ino));
     if (inode) versions.push_back({*inode, name});
@@ -294,14 +294,7 @@ double ProcessUptimeSeconds() {
 
 // Every entry under `dir` (directories before what they hold), for restore and export.
 Status WalkAll(const Catalog::ReadTxn& txn, Ino dir, const std::string& prefix, json* out) {
-  std::vector<std::pair<std::string, Ino>> children;
-  const std::string key_prefix = DirentPrefix(dir);
-  CKPTFS_RETURN_IF_ERROR(txn.ForEach(Table::kDirents, key_prefix, "", [&](auto key, auto value) {
-    if (value.size() == 12) {
-      children.emplace_back(std::string(key.substr(key_prefix.size())), DecodeDirent(value).ino);
-    }
-    return true;
-  }));
+  CKPTFS_ASSIGN_OR_RETURN(auto children, Children(txn, dir));
   for (const auto& [name, ino] : children) {
     CKPTFS_ASSIGN_OR_RETURN(std::optional<Inode> inode, GetInode(txn, ino));
     if (!inode) return Status::Corruption("directory entry " + prefix + name + " has no inode");
