@@ -112,13 +112,16 @@ int Sync(const std::string& mountpoint) {
 int Seal(const std::string& version) {
   auto mount = CkptfsMountHolding(version);
   if (!mount) return Fail(NotAMount(version), "see `ckptfs status` for the mounts");
-  // A version is a directory directly under the mount's root.
+  // A version is a directory directly under the mount's root, or a file version (a checkpoint
+  // file in a directory marked with user.ckptfs.file_versions; the daemon checks which).
   std::filesystem::path p(version);
   if (p.filename().empty()) p = p.parent_path();
   std::string parent = RealPath(p.parent_path().empty() ? "." : p.parent_path().string());
   struct stat st = {};
-  bool is_dir = ::lstat(version.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-  if (!is_dir || parent != mount->mountpoint) {
+  const bool found = ::lstat(version.c_str(), &st) == 0;
+  const bool is_dir = found && S_ISDIR(st.st_mode);
+  const bool is_file = found && S_ISREG(st.st_mode);
+  if (!is_file && (!is_dir || parent != mount->mountpoint)) {
     return Fail(Status::InvalidArgument(version + " is not a version"),
                 "a version is a directory directly under the mount point (" + mount->mountpoint +
                     "/NAME)" + (S_ISLNK(st.st_mode) ? "; this is a symbolic link" : ""));
@@ -127,6 +130,11 @@ int Seal(const std::string& version) {
     return Fail(Status::ReadOnly("the mount at " + mount->mountpoint + " is read-only"));
   }
   Status s = SetControl(version, "user.ckptfs.seal");
+  if (!s.ok() && is_file && s.code() == Status::Code::kInvalidArgument) {
+    return Fail(Status::InvalidArgument(version + " is not a version"),
+                "a file is a version only in a directory marked for file versions "
+                "(setfattr -n user.ckptfs.file_versions -v 1 DIR; docs/fs.md)");
+  }
   return s.ok() ? kExitOk : Fail(s);
 }
 

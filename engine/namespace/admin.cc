@@ -15,6 +15,7 @@
 #include <unordered_set>
 
 #include "engine/format/dtype.h"
+#include "engine/namespace/file_versions.h"
 #include "engine/namespace/inode.h"
 #include "engine/views/convert.h"
 #include "engine/views/tensor_view.h"
@@ -61,22 +62,66 @@ Status WalkTree(const Catalog::ReadTxn& txn, Ino dir, const std::string& prefix,
   return Status::OK();
 }
 
+// A version: a top-level directory (named by its name) or a file version (file_versions.h,
+// named by its path from the mount root).
 struct Version {
   Inode inode;
   std::string name;
 };
 
+// Every version in creation order. A top-level directory that holds file versions is their
+// container, not a version.
 Result<std::vector<Version>> ListVersions(const Catalog::ReadTxn& txn) {
   std::vector<Version> versions;
   CKPTFS_ASSIGN_OR_RETURN(auto dirs, Children(txn, kRootIno, /*dirs_only=*/true));
   for (const auto& [name, ino] : dirs) {
+    CKPTFS_ASSIGN_OR_RETURN(bool container, HoldsFileVersions(txn, ino));
+    if (container) continue;
     CKPTFS_ASSIGN_OR_RETURN(std::optional<Inode> inode, GetInode(txn, ino));
     if (inode) versions.push_back({*inode, name});
   }
+  CKPTFS_ASSIGN_OR_RETURN(auto files, ListFileVersions(txn));
+  for (auto& f : files) versions.push_back({std::move(f.inode), std::move(f.path)});
   std::sort(versions.begin(), versions.end(), [](const Version& a, const Version& b) {
     return a.inode.version_seq < b.inode.version_seq;
   });
   return versions;
+}
+
+// The version called `name`: a top-level directory, or a file version by its path.
+Result<Version> FindVersion(const Catalog::ReadTxn& txn, std::string name) {
+  while (!name.empty() && name.back() == '/') name.pop_back();
+  const Status not_found = Status::NotFound("no version named '" + name + "'");
+  if (name.empty()) return not_found;
+  Ino at = kRootIno;
+  std::optional<Inode> inode;
+  for (size_t begin = 0; begin != std::string::npos;) {
+    const size_t slash = name.find('/', begin);
+    const std::string part =
+        name.substr(begin, slash == std::string::npos ? std::string::npos : slash - begin);
+    begin = slash == std::string::npos ? slash : slash + 1;
+    CKPTFS_ASSIGN_OR_RETURN(std::optional<Ino> child, GetDirent(txn, at, part));
+    if (!child) return not_found;
+    CKPTFS_ASSIGN_OR_RETURN(inode, GetInode(txn, *child));
+    if (!inode) return not_found;
+    at = *child;
+  }
+  if ((inode->is_dir() && inode->parent == kRootIno) || inode->file_version()) {
+    return Version{*inode, name};
+  }
+  return not_found;
+}
+
+std::string BaseName(const std::string& path) {
+  size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+// The files of a version: a directory's tree, or a file version's one file (its base name).
+Status VersionTree(const Catalog::ReadTxn& txn, const Version& v, std::vector<FileInfo>* out) {
+  if (v.inode.is_dir()) return WalkTree(txn, v.inode.ino, "", out);
+  out->push_back({BaseName(v.name), v.inode});
+  return Status::OK();
 }
 
 std::string FormatName(ContentLayout::Format f) {
@@ -88,11 +133,6 @@ std::string FormatName(ContentLayout::Format f) {
     default:
       return "";
   }
-}
-
-std::string BaseName(const std::string& path) {
-  size_t slash = path.rfind('/');
-  return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
 // A small JSON file of the version, parsed (never executed); discarded when not JSON.
@@ -153,13 +193,14 @@ json VersionMetadata(const Store& store, const std::vector<FileInfo>& files,
   }
   // The step from the name (global_step2000, checkpoint-500, step_100), when no file said.
   if (meta["global_step"].is_null()) {
-    size_t end = version_name.size();
+    // A file version's name without its suffix: epoch=3-step=400.ckpt, ckpt_100.pt.
+    std::string stem = BaseName(version_name);
+    if (IsCheckpointFileName(stem)) stem.resize(stem.rfind('.'));
+    size_t end = stem.size();
     size_t begin = end;
-    while (begin > 0 && std::isdigit(static_cast<unsigned char>(version_name[begin - 1]))) {
-      --begin;
-    }
+    while (begin > 0 && std::isdigit(static_cast<unsigned char>(stem[begin - 1]))) --begin;
     if (begin < end && end - begin <= 18 && begin > 0) {
-      meta["global_step"] = std::stoull(version_name.substr(begin));
+      meta["global_step"] = std::stoull(stem.substr(begin));
       meta["step_source"] = "name";
     }
   }
@@ -177,7 +218,7 @@ Result<json> Log(Store* store, const json& request) {
   bool found = only.empty();
   for (const auto& v : versions) {
     std::vector<FileInfo> files;
-    CKPTFS_RETURN_IF_ERROR(WalkTree(txn, v.inode.ino, "", &files));
+    CKPTFS_RETURN_IF_ERROR(VersionTree(txn, v, &files));
     std::sort(files.begin(), files.end(),
               [](const FileInfo& a, const FileInfo& b) { return a.path < b.path; });
     uint64_t logical = 0, added = 0, created = 0, count = 0;
@@ -239,6 +280,7 @@ Result<json> Log(Store* store, const json& request) {
     json entry = {
         {"seq", v.inode.version_seq},
         {"name", v.name},
+        {"kind", v.inode.is_dir() ? "directory" : "file"},
         {"created_unix_ns", created != 0 ? created : static_cast<uint64_t>(v.inode.mtime_ns)},
         {"modified_unix_ns", static_cast<uint64_t>(v.inode.mtime_ns)},
         {"sealed", v.inode.sealed()},
@@ -311,12 +353,19 @@ Status WalkAll(const Catalog::ReadTxn& txn, Ino dir, const std::string& prefix, 
 }
 
 Result<json> Files(Store* store, const json& request) {
-  const std::string version = request.value("version", "");
   CKPTFS_ASSIGN_OR_RETURN(auto txn, store->catalog().BeginRead());
-  CKPTFS_ASSIGN_OR_RETURN(std::optional<Ino> ino, GetDirent(txn, kRootIno, version));
-  if (!ino || version.empty()) return Status::NotFound("no version named '" + version + "'");
+  CKPTFS_ASSIGN_OR_RETURN(Version v, FindVersion(txn, request.value("version", "")));
   json files = json::array();
-  CKPTFS_RETURN_IF_ERROR(WalkAll(txn, *ino, "", &files));
+  if (v.inode.is_dir()) {
+    CKPTFS_RETURN_IF_ERROR(WalkAll(txn, v.inode.ino, "", &files));
+  } else {  // a file version: its one file
+    files.push_back({{"path", BaseName(v.name)},
+                     {"type", "file"},
+                     {"size", v.inode.size},
+                     {"mode", v.inode.mode},
+                     {"content", v.inode.content},
+                     {"symlink", ""}});
+  }
   return json{{"files", files}};
 }
 
@@ -325,10 +374,9 @@ Result<json> Files(Store* store, const json& request) {
 // The files of version `name` by path (NotFound if there is no such version).
 Result<std::map<std::string, Inode>> VersionFiles(const Catalog::ReadTxn& txn,
                                                   const std::string& name) {
-  CKPTFS_ASSIGN_OR_RETURN(std::optional<Ino> ino, GetDirent(txn, kRootIno, name));
-  if (!ino) return Status::NotFound("no version named '" + name + "'");
+  CKPTFS_ASSIGN_OR_RETURN(Version v, FindVersion(txn, name));
   std::vector<FileInfo> files;
-  CKPTFS_RETURN_IF_ERROR(WalkTree(txn, *ino, "", &files));
+  CKPTFS_RETURN_IF_ERROR(VersionTree(txn, v, &files));
   std::map<std::string, Inode> out;
   for (auto& f : files) {
     if (f.inode.is_reg()) out.emplace(f.path, f.inode);
@@ -433,6 +481,11 @@ Result<json> Diff(Store* store, const json& request) {
   CKPTFS_ASSIGN_OR_RETURN(auto txn, store->catalog().BeginRead());
   CKPTFS_ASSIGN_OR_RETURN(auto before, VersionFiles(txn, v1));
   CKPTFS_ASSIGN_OR_RETURN(auto after, VersionFiles(txn, v2));
+  if (before.size() == 1 && after.size() == 1 && FindVersion(txn, v1)->inode.file_version() &&
+      FindVersion(txn, v2)->inode.file_version()) {
+    // Two file versions (epoch=0-step=10.ckpt, epoch=0-step=20.ckpt): one file, compared.
+    after = {{before.begin()->first, after.begin()->second}};
+  }
   std::set<std::string> paths;
   for (const auto& [p, _] : before) paths.insert(p);
   for (const auto& [p, _] : after) paths.insert(p);
@@ -607,10 +660,18 @@ Result<json> RunAdmin(Store* store, FileSystem* fs, const json& request) {
   if (cmd == "remove_version") {
     if (fs == nullptr) return Status::InvalidArgument("remove_version needs the namespace");
     const std::string name = request.value("name", "");
-    if (name.empty() || name.find('/') != std::string::npos) {
-      return Status::InvalidArgument("remove_version needs a version name");
+    {
+      CKPTFS_ASSIGN_OR_RETURN(auto txn, store->catalog().BeginRead());
+      CKPTFS_RETURN_IF_ERROR(FindVersion(txn, name).status());
     }
-    CKPTFS_RETURN_IF_ERROR(RemoveTree(fs, kRootIno, name));
+    // A file version is removed from its directory (the path's last component).
+    Ino parent = kRootIno;
+    size_t begin = 0;
+    for (size_t slash; (slash = name.find('/', begin)) != std::string::npos; begin = slash + 1) {
+      CKPTFS_ASSIGN_OR_RETURN(Inode dir, fs->Lookup(parent, name.substr(begin, slash - begin)));
+      parent = dir.ino;
+    }
+    CKPTFS_RETURN_IF_ERROR(RemoveTree(fs, parent, name.substr(begin)));
     return json{{"removed", name}};
   }
   return Status::InvalidArgument("unknown admin request '" + cmd + "'");

@@ -13,7 +13,6 @@ namespace {
 
 // The namespace counters of filesystem.cc (the same meta keys).
 constexpr char kNextInoKey[] = "next_ino";
-constexpr char kNextVersionKey[] = "next_version_seq";
 
 int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -80,9 +79,7 @@ Status FileSystem::AddExternalVersion(std::string_view name, const std::vector<E
     const int64_t now = NowNs();
     CKPTFS_ASSIGN_OR_RETURN(Inode root, MustGet(txn, kRootIno));
     CKPTFS_ASSIGN_OR_RETURN(Inode dir, NewInode(txn, kRootIno, 0, S_IFDIR | 0755, owner, now));
-    CKPTFS_ASSIGN_OR_RETURN(uint64_t seq, txn.GetCounter(kNextVersionKey));
-    dir.version_seq = seq + 1;
-    CKPTFS_RETURN_IF_ERROR(txn.PutCounter(kNextVersionKey, dir.version_seq));
+    CKPTFS_ASSIGN_OR_RETURN(dir.version_seq, TakeVersionSeq(txn));
     dir.flags |= Inode::kSealed;  // complete when it appears
     CKPTFS_RETURN_IF_ERROR(PutInode(txn, dir));
     CKPTFS_RETURN_IF_ERROR(

@@ -9,13 +9,13 @@
 #include <atomic>
 #include <cerrno>
 
+#include "engine/namespace/file_versions.h"
 #include "engine/util/coding.h"
 
 namespace ckptfs {
 namespace {
 
 constexpr char kNextInoKey[] = "next_ino";
-constexpr char kNextVersionKey[] = "next_version_seq";
 // Each ingest thread carries spooled bytes to the writer in pieces of this size.
 constexpr size_t kIngestScratchBytes = 4 << 20;
 
@@ -116,6 +116,9 @@ Result<Inode> FileSystem::MustGet(const Catalog::ReadTxn& txn, Ino ino) {
 }
 
 Status FileSystem::CheckWritable(const Catalog::ReadTxn& txn, const Inode& inode) {
+  if (inode.is_reg() && inode.sealed()) {
+    return Status::ReadOnly("file version is sealed; write a new checkpoint file instead");
+  }
   if (inode.version == 0) return Status::OK();
   CKPTFS_ASSIGN_OR_RETURN(Inode version, MustGet(txn, inode.version));
   if (version.sealed()) {
@@ -195,14 +198,13 @@ Result<Inode> FileSystem::MakeNode(Ino parent, std::string_view name, uint32_t m
   if (parent == kRootIno) {
     n.version = S_ISDIR(mode) ? n.ino : 0;
     if (S_ISDIR(mode)) {
-      CKPTFS_ASSIGN_OR_RETURN(uint64_t seq, txn.GetCounter(kNextVersionKey));
-      n.version_seq = seq + 1;
-      CKPTFS_RETURN_IF_ERROR(txn.PutCounter(kNextVersionKey, n.version_seq));
+      CKPTFS_ASSIGN_OR_RETURN(n.version_seq, TakeVersionSeq(txn));
     }
   } else {
     n.version = dir.version;
   }
   CKPTFS_RETURN_IF_ERROR(txn.PutCounter(kNextInoKey, n.ino));
+  CKPTFS_RETURN_IF_ERROR(UpdateFileVersionFlag(txn, n, name, parent).status());
   CKPTFS_RETURN_IF_ERROR(PutInode(txn, n));
   CKPTFS_RETURN_IF_ERROR(
       txn.Put(Table::kDirents, DirentKey(parent, name), EncodeDirent(n.ino, mode)));
@@ -341,6 +343,11 @@ Status FileSystem::Rename(Ino parent, std::string_view name, Ino new_parent,
   src.version = new_version;
   src.ctime_ns = now;
   CKPTFS_RETURN_IF_ERROR(PutInode(txn, src));
+  if (src.is_dir()) {
+    CKPTFS_RETURN_IF_ERROR(RefreshFileVersions(txn, src.ino));
+  } else {
+    CKPTFS_RETURN_IF_ERROR(UpdateFileVersionFlag(txn, src, new_name, new_parent).status());
+  }
   // Directory link counts and times (re-read: RemoveEntry may have changed them).
   CKPTFS_ASSIGN_OR_RETURN(from_dir, MustGet(txn, parent));
   from_dir.mtime_ns = from_dir.ctime_ns = now;
@@ -380,7 +387,9 @@ Result<std::shared_ptr<OpenInode>> FileSystem::OpenInodeFor(Ino ino) {
   }
   // Counted here, under the same lock: the committer forgets an open file without handles.
   ++it->second->handles;
-  if (sealing_.count(it->second->version) != 0) it->second->sealed = true;
+  if (sealing_.count(it->second->version) != 0 || sealing_.count(ino) != 0) {
+    it->second->sealed = true;
+  }
   version_activity_[it->second->version] = std::chrono::steady_clock::now();
   return it->second;
 }
@@ -765,6 +774,14 @@ Status FileSystem::SetXattr(Ino ino, std::string_view name, std::string_view val
   CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginWrite());
   CKPTFS_ASSIGN_OR_RETURN(Inode inode, MustGet(txn, ino));
   CKPTFS_RETURN_IF_ERROR(CheckWritable(txn, inode));
+  if (name == kFileVersionsAttr) {  // file_versions.h: "1" marks the directory, "0" unmarks
+    if (!inode.is_dir()) return Errno(ENOTDIR, "file versions are marked on a directory");
+    if (value != "1" && value != "0") {
+      return Status::InvalidArgument(std::string(name) + " takes \"1\" or \"0\"");
+    }
+    CKPTFS_RETURN_IF_ERROR(MarkFileVersions(txn, ino, value == "1"));
+    return txn.Commit();
+  }
   CKPTFS_ASSIGN_OR_RETURN(auto old, txn.Get(Table::kXattrs, XattrKey(ino, name)));
   if ((flags & XATTR_CREATE) && old) return Status::AlreadyExists(std::string(name));
   if ((flags & XATTR_REPLACE) && !old) return Errno(ENODATA, std::string(name));
@@ -787,6 +804,9 @@ Result<std::string> FileSystem::GetXattr(Ino ino, std::string_view name) {
   }
   if (name == "user.ckptfs.sealed") {
     CKPTFS_ASSIGN_OR_RETURN(Inode inode, MustGet(txn, ino));
+    if (inode.file_version() || (inode.is_reg() && inode.sealed())) {
+      return std::string(inode.sealed() ? "1" : "0");
+    }
     if (inode.version == 0) return Errno(ENODATA, "not in a version");
     CKPTFS_ASSIGN_OR_RETURN(Inode version, MustGet(txn, inode.version));
     return std::string(version.sealed() ? "1" : "0");
@@ -814,7 +834,11 @@ Status FileSystem::RemoveXattr(Ino ino, std::string_view name) {
   CKPTFS_RETURN_IF_ERROR(CheckWritable(txn, inode));
   CKPTFS_ASSIGN_OR_RETURN(auto old, txn.Get(Table::kXattrs, XattrKey(ino, name)));
   if (!old) return Errno(ENODATA, std::string(name));
-  CKPTFS_RETURN_IF_ERROR(txn.Delete(Table::kXattrs, XattrKey(ino, name)));
+  if (name == kFileVersionsAttr) {
+    CKPTFS_RETURN_IF_ERROR(MarkFileVersions(txn, ino, false));
+  } else {
+    CKPTFS_RETURN_IF_ERROR(txn.Delete(Table::kXattrs, XattrKey(ino, name)));
+  }
   return txn.Commit();
 }
 

@@ -22,9 +22,10 @@
 // Deltas. A file written into a version is delta-encoded against the file at the same path in
 // the previous version (the top-level directory created before its own), see Store.
 //
-// Versions. Each directory directly under the root is a version. A sealed version refuses
-// changes with ReadOnly (EROFS), except unlink and rmdir, so that `rm -rf` deletes it.
-// Versions are sealed by Seal() or automatically (FileSystemOptions::seal_after).
+// Versions. Each directory directly under the root is a version; in a directory marked for
+// file versions each checkpoint file is a version of its own (file_versions.h). A sealed
+// version refuses changes with ReadOnly (EROFS), except unlink and rmdir, so that `rm -rf`
+// deletes it. Versions are sealed by Seal() or automatically (FileSystemOptions::seal_after).
 // Hard links are refused (NotSupported -> EPERM at the FUSE layer).
 // Thread-safe.
 #pragma once
@@ -149,7 +150,8 @@ class FileSystem {
 
   // Returns once everything accepted so far (including open files' bytes) is durable.
   Status Sync();
-  // Seals the version `ino` (a top-level directory), committing its open files first.
+  // Seals the version `ino` (a top-level directory, or a file version: file_versions.h),
+  // committing its open files first.
   Status Seal(Ino ino);
 
   // ---- Versions written outside FUSE (engine/namespace/external_version.cc) ---------------
@@ -223,6 +225,9 @@ class FileSystem {
   // sealing.cc
   Status CommitAndMarkSealed(Ino ino, const std::vector<std::shared_ptr<OpenInode>>& files);
   void RunSealer();
+  // Seals every file version (file_versions.h) that a newer one in its directory follows and
+  // that has been idle for seal_after.
+  void SealIdleFileVersions(std::chrono::system_clock::time_point now);
 
   // Restore order: reads of optimizer-state files (a name that contains "optim", as DeepSpeed's
   // *_optim_states.pt and HF's optimizer.pt do) prefetch at WorkerPool::Priority::kLow, so

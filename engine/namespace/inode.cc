@@ -77,6 +77,13 @@ Status PutInode(Catalog::WriteTxn& txn, const Inode& inode) {
   return txn.Put(Table::kInodes, InodeKey(inode.ino), inode.Encode());
 }
 
+Result<uint64_t> TakeVersionSeq(Catalog::WriteTxn& txn) {
+  constexpr char kNextVersionKey[] = "next_version_seq";
+  CKPTFS_ASSIGN_OR_RETURN(uint64_t last, txn.GetCounter(kNextVersionKey));
+  CKPTFS_RETURN_IF_ERROR(txn.PutCounter(kNextVersionKey, last + 1));
+  return last + 1;
+}
+
 Result<std::optional<Ino>> GetDirent(const Catalog::ReadTxn& txn, Ino parent,
                                      std::string_view name) {
   CKPTFS_ASSIGN_OR_RETURN(auto row, txn.Get(Table::kDirents, DirentKey(parent, name)));

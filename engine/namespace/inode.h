@@ -26,7 +26,10 @@ using Ino = uint64_t;
 inline constexpr Ino kRootIno = 1;
 
 struct Inode {
-  static constexpr uint32_t kSealed = 1;  // flags: a sealed version (top-level directory)
+  // flags: kSealed on a version (top-level directory) or on a file version (file_versions.h)
+  // refuses changes; kFileVersion marks a regular file that is a version of its own.
+  static constexpr uint32_t kSealed = 1;
+  static constexpr uint32_t kFileVersion = 2;
 
   Ino ino = 0;
   uint32_t mode = 0;  // S_IFDIR / S_IFREG / S_IFLNK | permission bits
@@ -41,13 +44,14 @@ struct Inode {
   ContentId content = 0;  // 0: no bytes
   Ino parent = 0;
   Ino version = 0;        // the top-level directory this inode is in (itself for one)
-  uint64_t version_seq = 0;  // top-level directories: creation order
+  uint64_t version_seq = 0;  // versions (top-level directories, file versions): creation order
   std::string symlink;
 
   bool is_dir() const { return S_ISDIR(mode); }
   bool is_reg() const { return S_ISREG(mode); }
   bool is_symlink() const { return S_ISLNK(mode); }
   bool sealed() const { return (flags & kSealed) != 0; }
+  bool file_version() const { return (flags & kFileVersion) != 0; }
 
   std::string Encode() const;
   static Result<Inode> Decode(std::string_view row);
@@ -70,6 +74,8 @@ DirentValue DecodeDirent(std::string_view v);
 // Typed access over a catalog transaction.
 Result<std::optional<Inode>> GetInode(const Catalog::ReadTxn& txn, Ino ino);
 Status PutInode(Catalog::WriteTxn& txn, const Inode& inode);
+// The next version sequence number (one counter for directory and file versions).
+Result<uint64_t> TakeVersionSeq(Catalog::WriteTxn& txn);
 Result<std::optional<Ino>> GetDirent(const Catalog::ReadTxn& txn, Ino parent,
                                      std::string_view name);
 

@@ -5,6 +5,7 @@
 
 #include <chrono>
 
+#include "engine/namespace/file_versions.h"
 #include "engine/namespace/filesystem.h"
 
 namespace ckptfs {
@@ -36,10 +37,10 @@ Status FileSystem::Seal(Ino ino) {
   {
     CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginRead());
     CKPTFS_ASSIGN_OR_RETURN(Inode inode, MustGet(txn, ino));
-    if (!inode.is_dir() || inode.parent != kRootIno) {
+    if (!inode.file_version() && (!inode.is_dir() || inode.parent != kRootIno)) {
       return Status::InvalidArgument(
-          "only a version (a directory at the top of the mount) can "
-          "be sealed");
+          "only a version (a directory at the top of the mount, or a checkpoint file in a "
+          "directory marked for file versions) can be sealed");
     }
     if (inode.sealed()) return Status::OK();
   }
@@ -48,7 +49,7 @@ Status FileSystem::Seal(Ino ino) {
     std::lock_guard lock(open_mu_);
     sealing_.insert(ino);  // files opened from now on are sealed too (OpenInodeFor)
     for (const auto& [i, file] : open_files_) {
-      if (file->version == ino) {
+      if (file->version == ino || i == ino) {
         file->sealed = true;  // further writes fail with EROFS
         in_version.push_back(file);
       }
@@ -59,6 +60,39 @@ Status FileSystem::Seal(Ino ino) {
   sealing_.erase(ino);
   if (s.ok()) spdlog::info("sealed version {}", VersionName(store_->catalog(), ino));
   return s;
+}
+
+void FileSystem::SealIdleFileVersions(std::chrono::system_clock::time_point now) {
+  std::vector<FileVersionEntry> files;
+  {
+    auto txn = store_->catalog().BeginRead();
+    if (!txn.ok()) return;
+    auto listed = ListFileVersions(*txn);
+    if (!listed.ok()) {
+      spdlog::warn("listing file versions to seal: {}", listed.status().ToString());
+      return;
+    }
+    files = std::move(*listed);
+  }
+  // The newest file version of each directory stays open for changes, as the newest version.
+  std::map<Ino, uint64_t> newest;
+  for (const auto& f : files) {
+    newest[f.inode.parent] = std::max(newest[f.inode.parent], f.inode.version_seq);
+  }
+  const int64_t now_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count();
+  for (const auto& f : files) {
+    if (f.inode.sealed() || f.inode.version_seq == newest[f.inode.parent]) continue;
+    // Idle: not open, and neither written nor changed (cp -p sets times after close) lately.
+    const int64_t last = std::max(f.inode.mtime_ns, f.inode.ctime_ns);
+    if (now_ns - last < std::chrono::nanoseconds(options_.seal_after).count()) continue;
+    {
+      std::lock_guard lock(open_mu_);
+      if (open_files_.count(f.inode.ino) != 0) continue;
+    }
+    Status s = Seal(f.inode.ino);
+    if (!s.ok()) spdlog::warn("automatic seal of file version {} failed: {}", f.path, s.ToString());
+  }
 }
 
 Status FileSystem::CommitAndMarkSealed(Ino ino,
@@ -101,6 +135,11 @@ void FileSystem::RunSealer() {
     const auto now = std::chrono::steady_clock::now();
     for (const auto& v : versions) {
       if (v.sealed() || v.version_seq == newest) continue;
+      {  // a directory that holds file versions is their container, not a version
+        auto txn = store_->catalog().BeginRead();
+        auto holds = txn.ok() ? HoldsFileVersions(*txn, v.ino) : Result<bool>(txn.status());
+        if (!holds.ok() || *holds) continue;
+      }
       bool idle;
       {
         std::lock_guard lock(open_mu_);
@@ -117,6 +156,7 @@ void FileSystem::RunSealer() {
                        VersionName(store_->catalog(), v.ino), s.ToString());
       }
     }
+    SealIdleFileVersions(std::chrono::system_clock::now());
   }
 }
 

@@ -83,5 +83,71 @@ TEST_F(SealingTest, SealerSealsAnIdleOlderVersion) {
   EXPECT_EQ(*fs.GetXattr(v2->ino, "user.ckptfs.sealed"), "0");  // the newest stays open
 }
 
+// File versions (file_versions.h): in a marked directory each checkpoint file is a version.
+TEST_F(SealingTest, FileVersionsSealOnTheirOwn) {
+  FileSystem& fs = Mount(std::chrono::milliseconds(100));
+  auto logs = fs.Mkdir(kRootIno, "lightning_logs", 0755, Caller{});
+  ASSERT_TRUE(logs.ok());
+  auto ckpts = fs.Mkdir(logs->ino, "checkpoints", 0755, Caller{});
+  ASSERT_TRUE(ckpts.ok());
+  ASSERT_TRUE(fs.SetXattr(logs->ino, "user.ckptfs.file_versions", "1", 0).ok());
+  EXPECT_EQ(fs.SetXattr(logs->ino, "user.ckptfs.file_versions", "yes", 0).code(),
+            Status::Code::kInvalidArgument);
+  auto write = [&](const char* name, const char* bytes) {
+    auto made = fs.Create(ckpts->ino, name, 0644, O_WRONLY, Caller{});
+    EXPECT_TRUE(made.ok()) << made.status().ToString();
+    EXPECT_TRUE(fs.Write(made->second, 0, AsBytes(bytes)).ok());
+    EXPECT_TRUE(fs.Release(made->second).ok());
+    return made->first;
+  };
+  Inode first = write("epoch=0-step=10.ckpt", "first");
+  Inode log = write("notes.txt", "not a checkpoint");
+  EXPECT_TRUE(first.file_version());
+  EXPECT_FALSE(log.file_version());
+  EXPECT_EQ(*fs.GetXattr(first.ino, "user.ckptfs.sealed"), "0");
+  // Explicit seal of something that is not a version is refused.
+  EXPECT_EQ(fs.Seal(log.ino).code(), Status::Code::kInvalidArgument);
+  Inode second = write("epoch=0-step=20.ckpt", "second");
+  EXPECT_GT(second.version_seq, first.version_seq);
+  std::string sealed;
+  for (int i = 0; i < 100 && sealed != "1"; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    sealed = *fs.GetXattr(first.ino, "user.ckptfs.sealed");
+  }
+  EXPECT_EQ(sealed, "1");
+  EXPECT_EQ(*fs.GetXattr(second.ino, "user.ckptfs.sealed"), "0");  // the newest stays open
+  // The container directory is never sealed as a version; new files still go in.
+  auto opened = fs.Open(first.ino, O_WRONLY | O_TRUNC);
+  EXPECT_EQ(opened.status().code(), Status::Code::kReadOnly);
+  SetAttrRequest chmod;
+  chmod.mode = 0600;
+  EXPECT_EQ(fs.SetAttr(first.ino, chmod).status().code(), Status::Code::kReadOnly);
+  write("epoch=0-step=30.ckpt", "third");
+  ASSERT_TRUE(fs.Seal(second.ino).ok());  // explicit
+  EXPECT_EQ(*fs.GetXattr(second.ino, "user.ckptfs.sealed"), "1");
+  EXPECT_TRUE(fs.Unlink(ckpts->ino, "epoch=0-step=10.ckpt").ok());  // retention may delete it
+  // Unmarking leaves sealed files sealed and makes new checkpoint files ordinary.
+  ASSERT_TRUE(fs.RemoveXattr(logs->ino, "user.ckptfs.file_versions").ok());
+  Inode later = write("epoch=1-step=40.ckpt", "later");
+  EXPECT_FALSE(later.file_version());
+  EXPECT_EQ(*fs.GetXattr(second.ino, "user.ckptfs.sealed"), "1");
+}
+
+TEST_F(SealingTest, MarkingADirectoryFlagsTheCheckpointFilesAlreadyInIt) {
+  FileSystem& fs = Mount(std::chrono::milliseconds(0));
+  auto made = fs.Create(kRootIno, "ckpt_100.pt", 0644, O_WRONLY, Caller{});
+  ASSERT_TRUE(made.ok());
+  ASSERT_TRUE(fs.Release(made->second).ok());
+  EXPECT_FALSE(made->first.file_version());
+  ASSERT_TRUE(fs.SetXattr(kRootIno, "user.ckptfs.file_versions", "1", 0).ok());  // whole mount
+  auto inode = fs.GetAttr(made->first.ino);
+  ASSERT_TRUE(inode.ok());
+  EXPECT_TRUE(inode->file_version());
+  EXPECT_GT(inode->version_seq, 0u);
+  // Renamed to a name that is not a checkpoint's, it is an ordinary file again.
+  ASSERT_TRUE(fs.Rename(kRootIno, "ckpt_100.pt", kRootIno, "ckpt_100.txt", 0).ok());
+  EXPECT_FALSE(fs.GetAttr(made->first.ino)->file_version());
+}
+
 }  // namespace
 }  // namespace ckptfs

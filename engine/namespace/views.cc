@@ -2,7 +2,9 @@
 //
 //   VERSION@bf16/ VERSION@fp16/ VERSION@fp32/   (at the root) the version with every .pt /
 //                                               .safetensors file's floating tensors converted
-//   FILE@tensors/                               (beside any checkpoint file, also inside a
+//   FILE@bf16 FILE@fp16 FILE@fp32               (beside any file: a file version's view) the
+//                                               file converted
+//   FILE@tensors/ FILE@bf16@tensors/ ...        (beside any checkpoint file, also inside a
 //                                               precision view) index.json + one .npy per tensor
 //
 // None of these names is listed by readdir; a real entry of the same name wins. Virtual inode
@@ -227,19 +229,31 @@ Result<Inode> FileSystem::ViewInode(Ino ino) {
 Result<Inode> FileSystem::ViewLookup(Ino parent, std::string_view name) {
   using Kind = ViewState::Node::Kind;
   if (!IsViewIno(parent)) {
-    // Hidden names beside real entries.
-    if (parent == kRootIno) {
-      for (const PrecisionName& p : kPrecisions) {
-        if (!EndsWith(name, p.suffix)) continue;
-        CKPTFS_ASSIGN_OR_RETURN(Inode dir,
-                                Lookup(parent, name.substr(0, name.size() - p.suffix.size())));
-        if (!dir.is_dir()) return Status::NotFound(std::string(name));
-        return ViewInode(views_->NodeFor({Kind::kPrecisionDir, dir.ino, p.dtype, ""}));
+    // Hidden names beside real entries: VERSION@bf16 at the root, FILE@bf16 beside any file
+    // (a file version's precision view), FILE@tensors and FILE@bf16@tensors.
+    for (const PrecisionName& p : kPrecisions) {
+      if (!EndsWith(name, p.suffix)) continue;
+      CKPTFS_ASSIGN_OR_RETURN(Inode real,
+                              Lookup(parent, name.substr(0, name.size() - p.suffix.size())));
+      if (IsViewIno(real.ino)) return Status::NotFound(std::string(name));
+      if (real.is_dir() && parent == kRootIno) {
+        return ViewInode(views_->NodeFor({Kind::kPrecisionDir, real.ino, p.dtype, ""}));
       }
+      if (real.is_reg()) {
+        return ViewInode(views_->NodeFor({Kind::kPrecisionFile, real.ino, p.dtype, ""}));
+      }
+      return Status::NotFound(std::string(name));
     }
     if (EndsWith(name, kTensorsSuffix)) {
       CKPTFS_ASSIGN_OR_RETURN(Inode found,
                               Lookup(parent, name.substr(0, name.size() - kTensorsSuffix.size())));
+      if (IsViewIno(found.ino)) {  // FILE@bf16@tensors
+        CKPTFS_ASSIGN_OR_RETURN(ViewState::Node node, views_->Get(found.ino));
+        if (node.kind != Kind::kPrecisionFile) return Status::NotFound(std::string(name));
+        CKPTFS_ASSIGN_OR_RETURN(Inode file, ViewReal(node.real));
+        CKPTFS_RETURN_IF_ERROR(TensorViewOf(file, node.to).status());
+        return ViewInode(views_->NodeFor({Kind::kTensorDir, file.ino, node.to, ""}));
+      }
       CKPTFS_ASSIGN_OR_RETURN(Inode file, ViewReal(found.ino));
       CKPTFS_RETURN_IF_ERROR(TensorViewOf(file, std::nullopt).status());
       return ViewInode(views_->NodeFor({Kind::kTensorDir, file.ino, std::nullopt, ""}));

@@ -113,10 +113,12 @@ def view_dir(path, dtype=None):
         path = path[:-len(VIEW_SUFFIX)]
     root = _mount_root(path)
     parts = os.path.relpath(path, root).split(os.sep)
-    if len(parts) < 2:
+    if parts == ["."] or os.path.isdir(path):
         raise ValueError("%s is not a file inside a version directory of the ckptfs mount %s "
-                         "(expected MNT/VERSION/.../FILE)" % (path, root))
+                         "(expected MNT/VERSION/.../FILE, or MNT/FILE)" % (path, root))
     if precision is not None:
+        if len(parts) == 1:  # a file at the mount root (a file version): FILE@bf16@tensors
+            return os.path.join(root, parts[0]) + "@" + precision + VIEW_SUFFIX
         version = parts[0]
         for p in ("@bf16", "@fp16", "@fp32"):  # already a precision view: use the version
             if version.endswith(p):
@@ -339,7 +341,8 @@ def lazy_load(path, filter=None, dtype=None, mmap=True):
     patterns (e.g. ["module.layers.1?.*", "head.weight"]); only the names it selects appear.
     dtype: None (as stored), or torch.bfloat16 / torch.float16 / torch.float32 or "bf16",
     "fp16", "fp32" (also "bfloat16", "float16", "half", "float32", "float"): floating
-    tensors come converted, through MNT/VERSION@bf16/.../FILE@tensors/; others unchanged.
+    tensors come converted, through MNT/VERSION@bf16/.../FILE@tensors/ (a file at the mount
+    root: MNT/FILE@bf16@tensors/); others unchanged.
     mmap: True (default): values are copy-on-write mappings of the per-tensor files (pages in
     the mount's page cache, reclaimable); False: in-memory copies.
 

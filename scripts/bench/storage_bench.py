@@ -13,6 +13,13 @@ trajectory, versions in step order:
            `cp -r VERSION MNT/`, `latest` rewritten with the tag (as DeepSpeed does), then
            `ckptfs sync MNT`. Stored bytes added = growth of the store's pack bytes (the
            `ckptfs stats MNT` pack_bytes, cross-checked against the sizes of STORE/packs/*).
+  ckptfs, Lightning layout
+           the same files, but saved as Lightning and `ckpt_{step}.pt` loops save: every
+           checkpoint as a new file name in ONE directory (`lightning_logs/version_0/
+           checkpoints/epoch=0-step=N-FILE`, the directory marked for file versions, docs/fs.md),
+           so no file has a same-named predecessor and deltas come from the tensor layout.
+           One run (stored bytes do not vary between runs); versions of more than one file
+           (DeepSpeed's model + optimizer files) give one checkpoint file each.
   zstd -3  every file of the version compressed on its own (`zstd -3`, one thread); the sum of
            the compressed sizes. No dedup between versions: the baseline of "just compress it".
   restic   `restic backup` of the version directory into ONE repository per trajectory
@@ -229,6 +236,29 @@ def measure(args, name, tdir, versions):
         for p in (store, mnt, native, zdir):
             shutil.rmtree(p, ignore_errors=True)
 
+    # The Lightning layout: one directory of renamed checkpoint files, one store, one run.
+    store = os.path.join(scratch, "store-lightning")
+    mnt = os.path.join(scratch, "mnt-lightning")
+    with Mount(args, store, mnt):
+        logs = os.path.join(mnt, "lightning_logs")
+        os.mkdir(logs)
+        os.setxattr(logs, "user.ckptfs.file_versions", b"1")
+        ckpts = os.path.join(logs, "version_0", "checkpoints")
+        os.makedirs(ckpts)
+        prev = pack_bytes(args, mnt, store)[0]
+        for v in V:
+            step = re.search(r"\d+$", v["tag"]).group(0)
+            src = os.path.join(tdir, v["tag"])
+            for f in v["files"]:
+                rel = os.path.relpath(f, src).replace(os.sep, "-")
+                run(["cp", f, os.path.join(ckpts, f"epoch=0-step={step}-{rel}")])
+            run([args.bin, "sync", mnt])
+            now = pack_bytes(args, mnt, store)[0]
+            v["ckptfs_lightning"] = now - prev
+            prev = now
+        log(f"{name}: Lightning layout done")
+    shutil.rmtree(store, ignore_errors=True)
+
     for v in V:
         runs = v.pop("ckptfs_runs")
         v["ckptfs"] = runs[0][0]
@@ -313,7 +343,8 @@ def rows(res):
     groups.append(("**all versions**", V))
     out = []
     for label, vs in groups:
-        agg = {k: sum(v[k] for v in vs) for k in ("raw", "ckptfs", "zstd", "restic", "borg")}
+        agg = {k: sum(v[k] for v in vs)
+               for k in ("raw", "ckptfs", "ckptfs_lightning", "zstd", "restic", "borg")}
         for k in ("t_ckptfs", "t_cp", "t_zstd"):
             # median over runs of the per-run sum
             agg[k] = med([sum(v[k][r] for v in vs) for r in range(len(vs[0][k]))])
@@ -329,15 +360,16 @@ def codec_label(args):
 
 def table(results, args):
     print(f"\n| trajectory | version | raw MB | ckptfs {codec_label(args)} MB (/raw) | "
+          "ckptfs, Lightning layout MB (/raw) | "
           f"zstd -3 MB (/raw) | restic MB (/raw) | borg {args.borg_compression} MB (/raw) | "
           "ckptfs/zstd bytes | ingest s: ckptfs / cp / zstd -T2 | ckptfs/cp time | "
           "ckptfs/zstd time |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for res in results:
         for label, a in rows(res):
             raw = a["raw"]
             print(f"| {res['name']} | {label} | {mb(raw)} | {cell(a['ckptfs'], raw)} | "
-                  f"{cell(a['zstd'], raw)} | {cell(a['restic'], raw)} | {cell(a['borg'], raw)} | "
+                  f"{cell(a['ckptfs_lightning'], raw)} | {cell(a['zstd'], raw)} | {cell(a['restic'], raw)} | {cell(a['borg'], raw)} | "
                   f"{a['ckptfs'] / a['zstd']:.3f} | {a['t_ckptfs']:.2f} / {a['t_cp']:.2f} / "
                   f"{a['t_zstd']:.2f} | {a['t_ckptfs'] / a['t_cp']:.2f}x | "
                   f"{a['t_ckptfs'] / a['t_zstd']:.2f}x |")
