@@ -658,13 +658,18 @@ Status FileSystem::Release(uint64_t fh) {
 }
 
 void FileSystem::ForgetReleased(const std::shared_ptr<OpenInode>& file) {
-  // Forget the open file unless it was opened again; drop it if it was unlinked.
+  // Forget the open file unless it was opened again; drop it if it was unlinked. A file that
+  // was opened, changed and released again since this commit began has the commit of that
+  // release still queued: forgetting it now would let the next open read the catalog's older
+  // content, and that queued commit would later release the content the new open state
+  // continues (wrong bytes, then a failed append). That commit's own call forgets it.
   auto txn = store_->catalog().BeginWrite();
   bool forget = false;
   if (txn.ok()) {
     std::lock_guard lock(open_mu_);
     auto it = open_files_.find(file->ino);
-    forget = file->handles == 0 && it != open_files_.end() && it->second == file;
+    forget = file->handles == 0 && !file->changed_since_commit() && it != open_files_.end() &&
+             it->second == file;
     if (forget) open_files_.erase(it);
   }
   if (forget) {

@@ -48,6 +48,7 @@ void OpenInode::TouchLocked() {
   size_view_ = size_;
   mtime_view_ = NowNs();
   dirty_ = true;
+  ++changes_;
 }
 
 void OpenInode::DropStreamLocked() {
@@ -274,6 +275,7 @@ Status OpenInode::ToStagingLocked() {
 
 Status OpenInode::Commit() {
   std::lock_guard lock(mu_);
+  committed_changes_ = changes_.load();
   if (!dirty_) return error_;
   CKPTFS_RETURN_IF_ERROR(error_);
   const uint64_t size = size_;

@@ -92,6 +92,10 @@ class OpenInode : public IngestTarget, public std::enable_shared_from_this<OpenI
   // The Ingester's call: appends spooled bytes to the writer.
   bool IngestSome(MutableBytes scratch) override;
 
+  // Whether a write, truncation or O_TRUNC changed the file after the last Commit() began (no
+  // lock). Once no handle is left only Commit() runs on the file, so a file released with
+  // such a change has the commit of that release still queued.
+  bool changed_since_commit() const { return changes_.load() != committed_changes_.load(); }
   // Size and mtime including uncommitted writes, for GetAttr (no lock).
   uint64_t size_view() const { return size_view_.load(); }
   int64_t mtime_view() const { return mtime_view_.load(); }
@@ -131,6 +135,8 @@ class OpenInode : public IngestTarget, public std::enable_shared_from_this<OpenI
   bool dirty_ = false;      // GUARDED_BY(mu_): differs from the committed inode
   FileDescriptor staging_;  // GUARDED_BY(mu_): staging mode
   Status error_;            // GUARDED_BY(mu_): a write or commit failed; bytes are lost
+  std::atomic<uint64_t> changes_{0};            // written under mu_ (TouchLocked)
+  std::atomic<uint64_t> committed_changes_{0};  // written under mu_ (Commit)
   std::atomic<uint64_t> size_view_;
   std::atomic<int64_t> mtime_view_;
 
