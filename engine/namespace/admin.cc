@@ -30,14 +30,11 @@ constexpr uint64_t kMaxMetadataFileBytes = 1 << 20;
 // The entries of directory `dir` as (name, inode number), in name order.
 Result<std::vector<std::pair<std::string, Ino>>> Children(const Catalog::ReadTxn& txn, Ino dir,
                                                           bool dirs_only = false) {
+  CKPTFS_ASSIGN_OR_RETURN(std::vector<DirEntry> entries, ListDirents(txn, dir));
   std::vector<std::pair<std::string, Ino>> children;
-  const std::string key_prefix = DirentPrefix(dir);
-  CKPTFS_RETURN_IF_ERROR(txn.ForEach(Table::kDirents, key_prefix, "", [&](auto key, auto value) {
-    if (value.size() == 12 && (!dirs_only || S_ISDIR(DecodeDirent(value).mode))) {
-      children.emplace_back(std::string(key.substr(key_prefix.size())), DecodeDirent(value).ino);
-    }
-    return true;
-  }));
+  for (DirEntry& e : entries) {
+    if (!dirs_only || S_ISDIR(e.mode)) children.emplace_back(std::move(e.name), e.ino);
+  }
   return children;
 }
 

@@ -14,36 +14,18 @@ bool EndsWith(std::string_view s, std::string_view suffix) {
   return s.size() > suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }
 
-// The entries of `dir` as (name, ino, mode).
-Result<std::vector<std::pair<std::string, DirentValue>>> Entries(const Catalog::ReadTxn& txn,
-                                                                 Ino dir) {
-  std::vector<std::pair<std::string, DirentValue>> out;
-  const std::string prefix = DirentPrefix(dir);
-  Status err;
-  CKPTFS_RETURN_IF_ERROR(txn.ForEach(Table::kDirents, prefix, "", [&](auto key, auto value) {
-    if (value.size() != 12) {
-      err = Status::Corruption("directory entry has an unknown layout");
-      return false;
-    }
-    out.emplace_back(std::string(key.substr(prefix.size())), DecodeDirent(value));
-    return true;
-  }));
-  CKPTFS_RETURN_IF_ERROR(err);
-  return out;
-}
-
 // Calls fn(file, name, dir) for every regular file below `dir`, depth first.
 template <typename Fn>
 Status ForEachFileBelow(const Catalog::ReadTxn& txn, Ino dir, int depth, Fn&& fn) {
   if (depth > kMaxDepth) return Status::Corruption("directory tree deeper than 4096");
-  CKPTFS_ASSIGN_OR_RETURN(auto entries, Entries(txn, dir));
-  for (const auto& [name, d] : entries) {
-    if (S_ISDIR(d.mode)) {
-      CKPTFS_RETURN_IF_ERROR(ForEachFileBelow(txn, d.ino, depth + 1, fn));
-    } else if (S_ISREG(d.mode)) {
-      CKPTFS_ASSIGN_OR_RETURN(std::optional<Inode> inode, GetInode(txn, d.ino));
-      if (!inode) return Status::Corruption("directory entry " + name + " has no inode");
-      CKPTFS_RETURN_IF_ERROR(fn(*inode, name, dir));
+  CKPTFS_ASSIGN_OR_RETURN(auto entries, ListDirents(txn, dir));
+  for (const DirEntry& e : entries) {
+    if (S_ISDIR(e.mode)) {
+      CKPTFS_RETURN_IF_ERROR(ForEachFileBelow(txn, e.ino, depth + 1, fn));
+    } else if (S_ISREG(e.mode)) {
+      CKPTFS_ASSIGN_OR_RETURN(std::optional<Inode> inode, GetInode(txn, e.ino));
+      if (!inode) return Status::Corruption("directory entry " + e.name + " has no inode");
+      CKPTFS_RETURN_IF_ERROR(fn(*inode, e.name, dir));
     }
   }
   return Status::OK();
@@ -56,13 +38,9 @@ Result<std::string> DirPath(const Catalog::ReadTxn& txn, Ino dir) {
     if (depth > kMaxDepth) return Status::Corruption("directory tree deeper than 4096");
     CKPTFS_ASSIGN_OR_RETURN(std::optional<Inode> inode, GetInode(txn, dir));
     if (!inode || inode->nlink == 0) return Status::NotFound("directory removed");
-    CKPTFS_ASSIGN_OR_RETURN(auto siblings, Entries(txn, inode->parent));
-    std::string name;
-    for (const auto& [n, d] : siblings) {
-      if (d.ino == dir) name = n;
-    }
-    if (name.empty()) return Status::NotFound("directory removed");
-    path = name + "/" + path;
+    CKPTFS_ASSIGN_OR_RETURN(std::optional<std::string> name, NameIn(txn, inode->parent, dir));
+    if (!name) return Status::NotFound("directory removed");
+    path = *name + "/" + path;
     dir = inode->parent;
   }
   return path;
@@ -145,13 +123,13 @@ Result<std::vector<FileVersionEntry>> ListFileVersions(const Catalog::ReadTxn& t
     while (!stack.empty()) {
       auto [at, path] = stack.back();
       stack.pop_back();
-      CKPTFS_ASSIGN_OR_RETURN(auto entries, Entries(txn, at));
-      for (const auto& [name, d] : entries) {
-        if (S_ISDIR(d.mode)) {
-          stack.emplace_back(d.ino, path + name + "/");
-        } else if (S_ISREG(d.mode) && seen.insert(d.ino).second) {
-          CKPTFS_ASSIGN_OR_RETURN(std::optional<Inode> inode, GetInode(txn, d.ino));
-          if (inode && inode->file_version()) out.push_back({path + name, *inode});
+      CKPTFS_ASSIGN_OR_RETURN(auto entries, ListDirents(txn, at));
+      for (const DirEntry& e : entries) {
+        if (S_ISDIR(e.mode)) {
+          stack.emplace_back(e.ino, path + e.name + "/");
+        } else if (S_ISREG(e.mode) && seen.insert(e.ino).second) {
+          CKPTFS_ASSIGN_OR_RETURN(std::optional<Inode> inode, GetInode(txn, e.ino));
+          if (inode && inode->file_version()) out.push_back({path + e.name, *inode});
         }
       }
     }

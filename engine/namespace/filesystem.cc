@@ -567,32 +567,25 @@ std::optional<Ino> FileSystem::PreviousVersionFile(Ino ino) {
   std::vector<std::string> path;
   for (Inode cur = *file; cur.ino != version->ino;) {
     if (path.size() >= kMaxDepth) return std::nullopt;
-    const std::string prefix = DirentPrefix(cur.parent);
-    std::optional<std::string> name;
-    Status s = txn->ForEach(Table::kDirents, prefix, "", [&](auto key, auto value) {
-      if (value.size() == 12 && DecodeDirent(value).ino == cur.ino) {
-        name = std::string(key.substr(prefix.size()));
-        return false;
-      }
-      return true;
-    });
+    auto name = NameIn(*txn, cur.parent, cur.ino);
     std::optional<Inode> parent = get(cur.parent);
-    if (!s.ok() || !name || !parent) return std::nullopt;
-    path.push_back(std::move(*name));
+    if (!name.ok() || !*name || !parent) return std::nullopt;
+    path.push_back(std::move(**name));
     cur = *parent;
   }
   // The newest version older than this one.
   std::optional<Inode> previous;
-  Status s = txn->ForEach(Table::kDirents, DirentPrefix(kRootIno), "", [&](auto, auto value) {
-    if (value.size() != 12 || !S_ISDIR(DecodeDirent(value).mode)) return true;
-    std::optional<Inode> v = get(DecodeDirent(value).ino);
+  auto roots = ListDirents(*txn, kRootIno);
+  if (!roots.ok()) return std::nullopt;
+  for (const DirEntry& e : *roots) {
+    if (!S_ISDIR(e.mode)) continue;
+    std::optional<Inode> v = get(e.ino);
     if (v && v->version_seq < version->version_seq &&
         (!previous || v->version_seq > previous->version_seq)) {
       previous = v;
     }
-    return true;
-  });
-  if (!s.ok() || !previous) return std::nullopt;
+  }
+  if (!previous) return std::nullopt;
   Ino at = previous->ino;
   for (auto it = path.rbegin(); it != path.rend(); ++it) {
     auto child = GetDirent(*txn, at, *it);
@@ -691,18 +684,7 @@ Result<uint64_t> FileSystem::OpenDir(Ino ino) {
     CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginRead());
     CKPTFS_ASSIGN_OR_RETURN(Inode dir, MustGet(txn, ino));
     if (!dir.is_dir()) return Errno(ENOTDIR, "opendir");
-    const std::string prefix = DirentPrefix(ino);
-    Status err;
-    CKPTFS_RETURN_IF_ERROR(txn.ForEach(Table::kDirents, prefix, "", [&](auto key, auto value) {
-      if (value.size() != 12) {
-        err = Status::Corruption("directory entry has an unknown layout");
-        return false;
-      }
-      DirentValue d = DecodeDirent(value);
-      entries.push_back(DirEntry{std::string(key.substr(prefix.size())), d.ino, d.mode});
-      return true;
-    }));
-    CKPTFS_RETURN_IF_ERROR(err);
+    CKPTFS_ASSIGN_OR_RETURN(entries, ListDirents(txn, ino));
   }
   std::lock_guard lock(open_mu_);
   uint64_t dh = next_handle_++;

@@ -86,12 +86,6 @@ struct SetAttrRequest {
   std::optional<int64_t> atime_ns, mtime_ns;  // already resolved from UTIME_NOW
 };
 
-struct DirEntry {
-  std::string name;
-  Ino ino = 0;
-  uint32_t mode = 0;
-};
-
 class FileSystem {
  public:
   static Result<std::unique_ptr<FileSystem>> Open(Store* store, const FileSystemOptions& options);

@@ -92,6 +92,34 @@ Result<std::optional<Ino>> GetDirent(const Catalog::ReadTxn& txn, Ino parent,
   return std::optional<Ino>(GetLE<uint64_t>(row->data()));
 }
 
+Result<std::vector<DirEntry>> ListDirents(const Catalog::ReadTxn& txn, Ino dir) {
+  std::vector<DirEntry> entries;
+  const std::string prefix = DirentPrefix(dir);
+  Status err;
+  CKPTFS_RETURN_IF_ERROR(txn.ForEach(Table::kDirents, prefix, "", [&](auto key, auto value) {
+    if (value.size() != 12) {
+      err = Status::Corruption("directory entry has an unknown layout");
+      return false;
+    }
+    const DirentValue d = DecodeDirent(value);
+    entries.push_back(DirEntry{std::string(key.substr(prefix.size())), d.ino, d.mode});
+    return true;
+  }));
+  CKPTFS_RETURN_IF_ERROR(err);
+  return entries;
+}
+
+Result<std::optional<std::string>> NameIn(const Catalog::ReadTxn& txn, Ino dir, Ino ino) {
+  std::optional<std::string> name;
+  const std::string prefix = DirentPrefix(dir);
+  CKPTFS_RETURN_IF_ERROR(txn.ForEach(Table::kDirents, prefix, "", [&](auto key, auto value) {
+    if (value.size() != 12 || DecodeDirent(value).ino != ino) return true;
+    name = std::string(key.substr(prefix.size()));
+    return false;
+  }));
+  return name;
+}
+
 }  // namespace ckptfs
 
 namespace ckptfs {

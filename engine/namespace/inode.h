@@ -16,6 +16,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "engine/store/catalog.h"
 #include "engine/util/status.h"
@@ -71,6 +72,13 @@ std::string EncodeDirent(Ino child, uint32_t mode);
 // REQUIRES: v.size() == 12 (checked by GetDirent; ForEach callers check it themselves).
 DirentValue DecodeDirent(std::string_view v);
 
+// One entry of a directory, as listed.
+struct DirEntry {
+  std::string name;
+  Ino ino = 0;
+  uint32_t mode = 0;
+};
+
 // Typed access over a catalog transaction.
 Result<std::optional<Inode>> GetInode(const Catalog::ReadTxn& txn, Ino ino);
 Status PutInode(Catalog::WriteTxn& txn, const Inode& inode);
@@ -78,5 +86,9 @@ Status PutInode(Catalog::WriteTxn& txn, const Inode& inode);
 Result<uint64_t> TakeVersionSeq(Catalog::WriteTxn& txn);
 Result<std::optional<Ino>> GetDirent(const Catalog::ReadTxn& txn, Ino parent,
                                      std::string_view name);
+// The entries of directory `dir` in name order (Corruption on a malformed row).
+Result<std::vector<DirEntry>> ListDirents(const Catalog::ReadTxn& txn, Ino dir);
+// The name under which `dir` holds `ino` (nullopt: none), by a scan of dir's entries.
+Result<std::optional<std::string>> NameIn(const Catalog::ReadTxn& txn, Ino dir, Ino ino);
 
 }  // namespace ckptfs

@@ -22,12 +22,8 @@ std::string VersionName(Catalog& catalog, Ino ino) {
   std::string name = "inode " + std::to_string(ino);
   auto txn = catalog.BeginRead();
   if (!txn.ok()) return name;
-  const std::string prefix = DirentPrefix(kRootIno);
-  (void)txn->ForEach(Table::kDirents, prefix, "", [&](auto key, auto value) {
-    if (value.size() != 12 || DecodeDirent(value).ino != ino) return true;
-    name = std::string(key.substr(prefix.size()));
-    return false;
-  });
+  auto found = NameIn(*txn, kRootIno, ino);
+  if (found.ok() && *found) name = **found;
   return name;
 }
 
@@ -122,13 +118,13 @@ void FileSystem::RunSealer() {
     {
       auto txn = store_->catalog().BeginRead();
       if (!txn.ok()) continue;
-      (void)txn->ForEach(Table::kDirents, DirentPrefix(kRootIno), "", [&](auto, auto value) {
-        if (value.size() == 12 && S_ISDIR(DecodeDirent(value).mode)) {
-          auto inode = GetInode(*txn, DecodeDirent(value).ino);
-          if (inode.ok() && *inode) versions.push_back(**inode);
-        }
-        return true;
-      });
+      auto entries = ListDirents(*txn, kRootIno);
+      if (!entries.ok()) continue;
+      for (const DirEntry& e : *entries) {
+        if (!S_ISDIR(e.mode)) continue;
+        auto inode = GetInode(*txn, e.ino);
+        if (inode.ok() && *inode) versions.push_back(**inode);
+      }
     }
     uint64_t newest = 0;
     for (const auto& v : versions) newest = std::max(newest, v.version_seq);
