@@ -305,8 +305,15 @@ int Restore(const std::string& target, const std::string& version, const std::st
   uint64_t files = 0, bytes = 0;
   if (t->mount) {  // a mounted store: copy its files out of the mount
     fs::path from = fs::path(t->mount->mountpoint) / version;
-    if (!fs::is_directory(from, ec)) return Fail(Status::NotFound("no version named " + version));
-    fs::copy(from, dir, fs::copy_options::recursive | fs::copy_options::copy_symlinks, ec);
+    // The daemon says what the version is (a directory, or a file version: docs/fs.md).
+    auto list = RunAdminOn(*t, {{"cmd", "files"}, {"version", version}});
+    if (!list.ok()) return Fail(list.status());
+    if (fs::is_directory(from, ec)) {
+      fs::copy(from, dir, fs::copy_options::recursive | fs::copy_options::copy_symlinks, ec);
+    } else {  // a file version: its one file, into DIR as the offline restore puts it
+      fs::create_directories(dir, ec);
+      if (!ec) fs::copy_file(from, fs::path(dir) / from.filename(), ec);
+    }
     if (ec) return Fail(Status::IOError("copy " + from.string() + ": " + ec.message()));
     for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::end(it);
          it.increment(ec)) {

@@ -217,6 +217,17 @@ int main(int argc, char** argv) {
   seal->add_option("MOUNTPOINT/VERSION", version, "a version: a directory at the top of a mount")
       ->required();
 
+  std::string marked_dir;
+  bool file_versions_off = false;
+  auto* file_versions = app.add_subcommand(
+      "file-versions",
+      "make every checkpoint file (*.ckpt, *.pt, ...) in a directory a version of its own, for "
+      "Lightning's and ckpt_{step}.pt loops' one-directory layouts (docs/fs.md)");
+  file_versions->add_option("DIR", marked_dir, "a directory in a ckptfs mount (the mount point too)")
+      ->required();
+  file_versions->add_flag("--off", file_versions_off,
+                          "new checkpoint files there are ordinary again (sealed ones stay sealed)");
+
   std::string help_topic;
   auto* help = app.add_subcommand("help", "describe ckptfs, or one command");
   help->add_option("COMMAND", help_topic, "the command to describe");
@@ -306,5 +317,6 @@ int main(int argc, char** argv) {
   if (*umount) return Umount(mountpoint);
   if (*sync) return Sync(mountpoint);
   if (*seal) return Seal(version);
+  if (*file_versions) return FileVersions(marked_dir, !file_versions_off);
   return kExitUsage;
 }

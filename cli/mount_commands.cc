@@ -138,4 +138,25 @@ int Seal(const std::string& version) {
   return s.ok() ? kExitOk : Fail(s);
 }
 
+int FileVersions(const std::string& dir, bool on) {
+  auto mount = CkptfsMountHolding(dir);
+  if (!mount) return Fail(NotAMount(dir), "see `ckptfs status` for the mounts");
+  struct stat st = {};
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return Fail(Status::InvalidArgument(dir + " is not a directory"),
+                "file versions are marked on the directory the checkpoint files go into");
+  }
+  if (mount->read_only) {
+    return Fail(Status::ReadOnly("the mount at " + mount->mountpoint + " is read-only"));
+  }
+  const char* value = on ? "1" : "0";
+  if (::setxattr(dir.c_str(), "user.ckptfs.file_versions", value, 1, 0) != 0) {
+    return Fail(Status::FromErrno(errno, "file-versions " + dir));
+  }
+  std::printf("%s: checkpoint files %s\n", dir.c_str(),
+              on ? "are versions of their own from now on (and those already there)"
+                 : "are ordinary files again (sealed ones stay sealed)");
+  return kExitOk;
+}
+
 }  // namespace ckptfs::cli

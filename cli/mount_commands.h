@@ -1,6 +1,6 @@
 // cli/mount_commands.h
 //
-// mount, umount, sync, seal. The last three act through the mount's control attributes
+// mount, umount, sync, seal, file-versions. The last four act through the mount's attributes
 // (engine/namespace/filesystem.h) and first check that the path is in a ckptfs mount, so that
 // on any other directory they fail (exit 1) without leaving an attribute behind.
 #pragma once
@@ -19,5 +19,7 @@ int Mount(MountArgs args);
 int Umount(const std::string& mountpoint);
 int Sync(const std::string& mountpoint);
 int Seal(const std::string& version);
+// Marks (on) or unmarks the directory for file versions (engine/namespace/file_versions.h).
+int FileVersions(const std::string& dir, bool on);
 
 }  // namespace ckptfs::cli

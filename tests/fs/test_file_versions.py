@@ -81,7 +81,7 @@ class FileVersionsTest(mounted.MountedTestCase):
     def test_lightning_layout(self):
         logs = self.m.path("lightning_logs")
         os.mkdir(logs)
-        os.setxattr(logs, MARK, b"1")
+        mounted.ckptfs("file-versions", logs)  # = setfattr -n user.ckptfs.file_versions -v 1
         ckpts = os.path.join(logs, "version_0", "checkpoints")
         os.makedirs(ckpts)
         # hparams.yaml beside the checkpoints, as Lightning writes it: an ordinary file.
@@ -169,6 +169,7 @@ class FileVersionsTest(mounted.MountedTestCase):
         files = [v for v in log_json(self.mnt) if v["kind"] == "file"]
         self.assertEqual([v["name"] for v in files],
                          ["ckpt_100.pt", "ckpt_200.pt", "ckpt_300.pt", "ckpt_400.pt"])
+        self.assertFalse(files[-1]["sealed"])
         self.assertEqual([v["metadata"]["global_step"] for v in files], [100, 200, 300, 400])
         got = torch.load(paths[2], weights_only=False)
         want = states[2]["state_dict"]["2.weight"]
@@ -177,6 +178,18 @@ class FileVersionsTest(mounted.MountedTestCase):
         import ckptfs  # noqa: E402
         lazy = ckptfs.lazy_load(paths[2], dtype="bf16")  # a file at the root: FILE@bf16@tensors
         self.assertTrue(torch.equal(lazy["state_dict.2.weight"], want.to(torch.bfloat16)))
+        # restore (online) gives the file back; forget keeps the last two (the unsealed
+        # newest is never removed).
+        out = os.path.join(os.path.dirname(self.m.store), "restored")
+        mounted.ckptfs("restore", self.mnt, "ckpt_200.pt", out)
+        self.assertEqual(os.listdir(out), ["ckpt_200.pt"])
+        self.assertEqual(mounted.read_file(os.path.join(out, "ckpt_200.pt")),
+                         mounted.read_file(paths[1]))
+        self.assertTrue(mounted.wait_until(lambda: sealed(paths[2]), 30))
+        mounted.ckptfs("forget", self.mnt, "--keep-last", "2")
+        self.assertEqual(sorted(f for f in os.listdir(self.mnt) if f.endswith(".pt")),
+                         ["ckpt_300.pt", "ckpt_400.pt"])
+        paths = paths[2:]
         # Unmarking the root: sealed files stay sealed, new checkpoint files are ordinary.
         os.removexattr(self.mnt, MARK)
         mounted.write_file(self.m.path("ckpt_500.pt"), b"plain")
