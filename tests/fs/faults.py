@@ -1,0 +1,230 @@
+"""The workload and the bookkeeping of the fault tests (test_powercut.py, test_kill9.py).
+
+A writer process saves versions through a ckptfs mount until the mount dies under it, going
+through every phase a fault may hit, and logs to an acknowledgement file (on the plain disk):
+    "P phase"       entering a phase (save, fsync, sync, seal, rm, gc, forget, snapshot)
+    "A relpath sha" the file's content was acknowledged: its fsync, or a `ckptfs sync`,
+                    `ckptfs seal` or a snapshot's wait() after its close, returned
+    "S version"     the version's seal was acknowledged
+    "D version"     the version may be gone (its removal started): no longer checked
+    "G"             a `ckptfs gc` returned
+After a fault, acknowledged() is what the store must still hold, bitwise.
+"""
+import hashlib
+import os
+import random
+import shutil
+import subprocess
+import time
+
+import mounted
+from mounted import MiB
+
+PHASES = ("save", "fsync", "sync", "seal", "rm", "gc", "forget", "snapshot")
+KEEP_VERSIONS = 12  # retention: a long run's store stays small
+
+
+def payload(rng, base):
+    """A checkpoint-like file: a slice of `base` (deduplicates across versions) with new bytes."""
+    n = rng.randrange(64 << 10, 3 * MiB)
+    data = bytearray(base[:n])
+    for _ in range(rng.randrange(1, 4)):
+        at = rng.randrange(0, n)
+        fresh = rng.randbytes(min(n - at, rng.randrange(4096, 256 << 10)))
+        data[at:at + len(fresh)] = fresh
+    return bytes(data)
+
+
+def acknowledged(ack_path):
+    """relpath -> sha256 of every acknowledged file not removed since; the sealed versions."""
+    files, sealed = {}, set()
+    if not os.path.exists(ack_path):
+        return files, sealed
+    with open(ack_path) as f:
+        for line in f:
+            kind, _, rest = line.strip().partition(" ")
+            if kind == "A":
+                rel, digest = rest.split(" ")
+                files[rel] = digest
+            elif kind == "S":
+                sealed.add(rest)
+            elif kind == "D":
+                files = {r: d for r, d in files.items() if not r.startswith(rest + "/")}
+                sealed.discard(rest)
+    return files, sealed
+
+
+def count_lines(ack_path):
+    """Lines of each kind (A, S, D, G) and entries into each phase ("P save": ...)."""
+    counts = {}
+    with open(ack_path) as f:
+        for line in f:
+            key = line.strip() if line.startswith("P ") else line[0]
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+class AckLog:
+    def __init__(self, path):
+        self.f = open(path, "a")
+
+    def __call__(self, kind, *fields):
+        self.f.write(" ".join([kind] + [str(f) for f in fields]) + "\n")
+        self.f.flush()
+
+
+class Tail:
+    """The phase the writer is in, from the new lines of its acknowledgement file."""
+
+    def __init__(self, path):
+        self.path, self.offset, self.phase = path, 0, None
+        if os.path.exists(path):
+            self.offset = os.path.getsize(path)
+
+    def poll(self):
+        if not os.path.exists(self.path):
+            return self.phase
+        with open(self.path) as f:
+            f.seek(self.offset)
+            text = f.read()
+        cut = text.rfind("\n") + 1
+        self.offset += len(text[:cut].encode())
+        for line in text[:cut].splitlines():
+            if line.startswith("P "):
+                self.phase = line[2:]
+        return self.phase
+
+    def wait_for(self, phase, timeout):
+        """Waits until the writer enters `phase` (True) or `timeout` passes (False)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.poll() == phase:
+                return True
+            time.sleep(0.002)
+        return False
+
+
+def _snapshot(mnt, name, rng, log):
+    """One snapshot through the snapshot engine (the daemon adopts the rank's pack)."""
+    import torch  # imported by the parent before the fork
+    import ckptfs
+    from ckptfs import sharded
+    g = torch.Generator().manual_seed(rng.randrange(1 << 30))
+    state = {"w%d" % i: torch.randn(rng.randrange(1 << 14, 1 << 18), generator=g)
+             for i in range(3)}
+    local, info = sharded.split_state_dict(state, 0, 1)
+    ckptfs.snapshot(local, os.path.join(mnt, name), 0, 1, info).wait()
+    files = {}
+    for dirpath, _, names in os.walk(os.path.join(mnt, name)):
+        for n in names:
+            path = os.path.join(dirpath, n)
+            with open(path, "rb") as f:
+                files[os.path.relpath(path, mnt)] = hashlib.sha256(f.read()).hexdigest()
+    for rel, digest in sorted(files.items()):
+        log("A", rel, digest)
+    return files
+
+
+def writer(mnt, ack_path, round_no, seed, snapshots):
+    """Saves versions through `mnt` until the mount dies; never returns (os._exit)."""
+    rng = random.Random(seed)
+    base = rng.randbytes(3 * MiB)
+    log = AckLog(ack_path)
+    known, sealed = acknowledged(ack_path)
+    made = sorted(n for n in os.listdir(mnt) if n.startswith("r"))  # earlier rounds' too
+    parent = os.getppid()
+    try:
+        for i in range(100000):
+            if os.getppid() != parent:
+                break  # the test died: stop (its guard cleans up once this exits too)
+            name = "r%03dv%03d" % (round_no, i)
+            if snapshots and rng.random() < 0.15:
+                log("P", "snapshot")
+                known.update(_snapshot(mnt, name, rng, log))
+                if os.getxattr(os.path.join(mnt, name), "user.ckptfs.sealed") == b"1":
+                    log("S", name)  # a snapshot's version is sealed at its commit
+                    sealed.add(name)
+                made.append(name)
+                continue
+            log("P", "save")
+            vdir = os.path.join(mnt, name)
+            os.mkdir(vdir)
+            pending = []
+            for fname in ("model.pt", "optim.pt", "extra.bin")[:rng.randrange(1, 4)]:
+                data = payload(rng, base)
+                rel, digest = name + "/" + fname, hashlib.sha256(data).hexdigest()
+                with open(os.path.join(vdir, fname), "wb") as f:
+                    for at in range(0, len(data), 256 << 10):
+                        f.write(data[at:at + (256 << 10)])
+                    if rng.random() < 0.5:
+                        f.flush()
+                        log("P", "fsync")
+                        os.fsync(f.fileno())
+                        log("A", rel, digest)
+                        known[rel] = digest
+                        log("P", "save")
+                        continue
+                pending.append((rel, digest))
+            end = rng.random()
+            if end < 0.4:
+                log("P", "seal")
+                mounted.ckptfs("seal", vdir)
+                log("S", name)
+                sealed.add(name)
+            elif end < 0.8:
+                log("P", "sync")
+                mounted.ckptfs("sync", mnt)
+            if end < 0.8:
+                for rel, digest in pending:
+                    log("A", rel, digest)
+                    known[rel] = digest
+            made.append(name)
+            while len(made) > KEEP_VERSIONS or (len(made) > 3 and rng.random() < 0.2):
+                victim = made.pop(rng.randrange(0, len(made) - 2))
+                log("P", "rm")
+                log("D", victim)
+                shutil.rmtree(os.path.join(mnt, victim))
+            if rng.random() < 0.1:
+                log("P", "gc")
+                mounted.ckptfs("gc", mnt)
+                log("G")
+            if rng.random() < 0.07 and sealed:
+                # forget removes sealed versions beyond the newest few: every sealed one may go;
+                # what is still there afterwards is acknowledged again.
+                log("P", "forget")
+                for v in sorted(sealed):
+                    log("D", v)
+                mounted.ckptfs("forget", mnt, "--keep-last", rng.randrange(2, 6))
+                for v in sorted(sealed):
+                    if os.path.isdir(os.path.join(mnt, v)):
+                        for rel, digest in sorted(known.items()):
+                            if rel.startswith(v + "/"):
+                                log("A", rel, digest)
+                        log("S", v)
+                    else:
+                        sealed.discard(v)
+                made = [v for v in made if os.path.isdir(os.path.join(mnt, v))]
+    except (OSError, AssertionError, subprocess.TimeoutExpired, RuntimeError):
+        pass  # the mount died under it (ckptfs.snapshot raises RuntimeError)
+    os._exit(0)
+
+
+def check_store(test, mnt, ack_path, where):
+    """Every acknowledged file reads back bitwise; acknowledged seals hold. Returns the count."""
+    files, sealed = acknowledged(ack_path)
+    for rel, digest in sorted(files.items()):
+        with open(os.path.join(mnt, rel), "rb") as f:
+            got = hashlib.sha256(f.read()).hexdigest()
+        test.assertEqual(got, digest, "%s: %s was acknowledged and reads back different"
+                         % (where, rel))
+    for name in sorted(sealed):
+        test.assertEqual(os.getxattr(os.path.join(mnt, name), "user.ckptfs.sealed"), b"1",
+                         "%s: %s was sealed" % (where, name))
+    return len(files)
+
+
+def verify(test, store, where):
+    p = mounted.ckptfs("verify", store, check=False)
+    test.assertEqual(p.returncode, 0, "%s: verify of the store:\n%s%s"
+                     % (where, p.stdout, p.stderr))
+    test.assertIn("no problems", p.stdout)
