@@ -271,18 +271,24 @@ Status BuildDecodeTable(const uint8_t len[256], Entry* table) {
 
 }  // namespace
 
+double HistogramEntropyBits(const uint32_t counts[256]) {
+  double sum = 0;
+  uint64_t m = 0;
+  for (int s = 0; s < 256; ++s) {
+    if (counts[s] > 0) sum += counts[s] * std::log2(static_cast<double>(counts[s]));
+    m += counts[s];
+  }
+  if (m == 0) return 0;
+  return std::log2(static_cast<double>(m)) - sum / static_cast<double>(m);
+}
+
 double EstimateEntropyBits(Bytes in, size_t sample) {
   if (in.empty() || sample == 0) return 0;
   const size_t stride = std::max<size_t>(1, in.size() / sample);
   uint32_t counts[256] = {};
-  size_t m = 0;
   const auto* p = reinterpret_cast<const uint8_t*>(in.data());
-  for (size_t i = 0; i < in.size(); i += stride, ++m) ++counts[p[i]];
-  double sum = 0;
-  for (uint32_t c : counts) {
-    if (c > 0) sum += c * std::log2(static_cast<double>(c));
-  }
-  return std::log2(static_cast<double>(m)) - sum / static_cast<double>(m);
+  for (size_t i = 0; i < in.size(); i += stride) ++counts[p[i]];
+  return HistogramEntropyBits(counts);
 }
 
 namespace {

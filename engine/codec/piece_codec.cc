@@ -19,6 +19,21 @@ constexpr size_t kSegmentHeaderBytes = 5;  // codec, LE32 stored length
 // it (their segment kinds are codecs, 0..3), so they read as before.
 constexpr uint8_t kScaleSegment = 0x40;
 constexpr size_t kScaleSegmentBytes = kSegmentHeaderBytes + 4;
+// A segment kind that is not a codec either: empty, written only as the first segment of a
+// planes container of width 2 or 4, it says that each element was rotated left by one bit
+// before the split (ZipNN's trick: the sign moves to the lowest bit, so the top plane holds
+// the 8-bit exponent of fp32 and bf16 whole). Older containers never start with it.
+constexpr uint8_t kRotatedSegment = 0x41;
+
+// What a container records besides its transform and planes: sub's scaled prediction (fp32;
+// 0: none) or the rotation of planes (fp32, bf16, fp16). At most one of them.
+struct PlaneOptions {
+  float scale = 0;
+  bool rotated = false;
+  size_t PrefixBytes() const {
+    return scale != 0 ? kScaleSegmentBytes : rotated ? kSegmentHeaderBytes : 0;
+  }
+};
 // Encodings are compared on this many leading bytes of a piece (whole elements).
 constexpr size_t kSampleBytes = 64 << 10;
 
@@ -45,9 +60,19 @@ inline U Inverse(U coded, U base) {
   return coded;
 }
 
-// Writes `elements` elements of raw (transformed against base) as sizeof(U) planes of
-// `elements` bytes each into out. Written so that the compiler vectorises it.
-template <Transform kT, typename U>
+template <typename U>
+inline U RotateLeft1(U v) {
+  return static_cast<U>(static_cast<U>(v << 1) | static_cast<U>(v >> (8 * sizeof(U) - 1)));
+}
+template <typename U>
+inline U RotateRight1(U v) {
+  return static_cast<U>(static_cast<U>(v >> 1) | static_cast<U>(v << (8 * sizeof(U) - 1)));
+}
+
+// Writes `elements` elements of raw (transformed against base, then rotated left by one bit if
+// kRotate) as sizeof(U) planes of `elements` bytes each into out. Written so that the compiler
+// vectorises it.
+template <Transform kT, typename U, bool kRotate = false>
 void SplitTyped(const std::byte* __restrict raw, const std::byte* __restrict base, size_t elements,
                 std::byte* __restrict out) {
   constexpr size_t kW = sizeof(U);
@@ -56,12 +81,13 @@ void SplitTyped(const std::byte* __restrict raw, const std::byte* __restrict bas
     U v, b = 0;
     std::memcpy(&v, raw + i * kW, kW);  // little-endian host (x86-64, aarch64)
     if constexpr (kT != Transform::kPlanes) std::memcpy(&b, base + i * kW, kW);
-    const U c = Forward<kT, U>(v, b);
+    U c = Forward<kT, U>(v, b);
+    if constexpr (kRotate) c = RotateLeft1(c);
     for (size_t j = 0; j < kW; ++j) o[j * elements + i] = static_cast<uint8_t>(c >> (8 * j));
   }
 }
 
-template <Transform kT, typename U>
+template <Transform kT, typename U, bool kRotate = false>
 void JoinTyped(const std::byte* __restrict planes, const std::byte* __restrict base,
                size_t elements, std::byte* __restrict raw) {
   constexpr size_t kW = sizeof(U);
@@ -71,6 +97,7 @@ void JoinTyped(const std::byte* __restrict planes, const std::byte* __restrict b
     for (size_t j = 0; j < kW; ++j)
       c |= static_cast<U>(static_cast<U>(p[j * elements + i]) << (8 * j));
     if constexpr (kT != Transform::kPlanes) std::memcpy(&b, base + i * kW, kW);
+    if constexpr (kRotate) c = RotateRight1(c);
     const U v = Inverse<kT, U>(c, b);
     std::memcpy(raw + i * kW, &v, kW);
   }
@@ -253,6 +280,52 @@ void Join(Transform t, uint8_t width, const std::byte* planes, const std::byte* 
   }
 }
 
+// Planes of elements rotated left by one bit, in blocks: the block's elements rotated into a
+// buffer on the stack, then split from there. (Rotating inside the split loop vectorised to code
+// that read cold pieces at half the speed of the plain split: 1.4 vs 2.7 GB/s; rotate-then-split
+// ran at 3.5 GB/s.)
+template <typename U>
+void SplitRotatedTyped(const std::byte* __restrict raw, size_t elements,
+                       std::byte* __restrict out) {
+  constexpr size_t kBlock = 4096;
+  U rotated[kBlock];
+  auto* o = reinterpret_cast<uint8_t*>(out);
+  for (size_t at = 0; at < elements; at += kBlock) {
+    const size_t n = std::min(kBlock, elements - at);
+    for (size_t i = 0; i < n; ++i) {
+      U v;
+      std::memcpy(&v, raw + (at + i) * sizeof(U), sizeof(U));
+      rotated[i] = RotateLeft1(v);
+    }
+    for (size_t i = 0; i < n; ++i) {
+      for (size_t j = 0; j < sizeof(U); ++j) {
+        o[j * elements + at + i] = static_cast<uint8_t>(rotated[i] >> (8 * j));
+      }
+    }
+  }
+}
+
+// The planes of `raw` (width 2 or 4) rotated; the tail is kept bytewise.
+void SplitRotated(uint8_t width, Bytes raw, std::byte* out) {
+  const size_t elements = raw.size() / width;
+  if (width == 2) {
+    SplitRotatedTyped<uint16_t>(raw.data(), elements, out);
+  } else {
+    SplitRotatedTyped<uint32_t>(raw.data(), elements, out);
+  }
+  for (size_t k = elements * width; k < raw.size(); ++k) out[k] = raw[k];
+}
+
+void JoinRotated(uint8_t width, const std::byte* planes, MutableBytes out) {
+  const size_t elements = out.size() / width;
+  if (width == 2) {
+    JoinTyped<Transform::kPlanes, uint16_t, true>(planes, nullptr, elements, out.data());
+  } else {
+    JoinTyped<Transform::kPlanes, uint32_t, true>(planes, nullptr, elements, out.data());
+  }
+  for (size_t k = elements * width; k < out.size(); ++k) out[k] = planes[k];
+}
+
 // With the entropy stage, a plane whose sampled entropy is above this many bits per byte is
 // stored raw without trying anything (mantissa bytes: ~7.9 bits), and one below
 // kTryCodecBelowBits is also given to the block codec, which beats Huffman's 1 bit per byte on
@@ -261,6 +334,60 @@ void Join(Transform t, uint8_t width, const std::byte* planes, const std::byte* 
 // zero); from 0.5 bits up Huffman was smaller every time, so lz4 is not run there.
 constexpr double kRawAboveBits = 7.5;
 constexpr double kTryCodecBelowBits = 0.5;
+
+// Whether rotating each element left by one bit makes the planes of `raw` (width 2 or 4)
+// smaller: per plane the order-0 entropy of a sample of the elements, with and without the
+// rotation, summed, counting a plane above kRotationRawAboveBits as stored raw (8 bits). It wins
+// where the sign is noise and the exponent's last bit is not (weights, exp_avg: the exponent
+// plane gains the bit, the raw low plane takes the sign); where the sign is constant
+// (exp_avg_sq) the sign costs nothing where it is and the rotation is not used. Measured in
+// docs/engine.md, "Compression".
+//
+// kRotationRawAboveBits is below PutSegment's kRawAboveBits on purpose: rotating an all-positive
+// tensor leaves a 7-bit low plane (7 mantissa bits and the constant sign) that PutSegment would
+// Huffman-code for 1/8 of the plane, but that decodes at ~1 symbol per table lookup. Counting it
+// at 7 bits chose the rotation for Adam's exp_avg_sq: 0.1-0.4% of raw smaller, at fp32 first
+// decode 3.2 -> 2.3 GB/s and bf16 2.6 -> 1.7 GB/s per core (noisy: load ~2 on 2 cores).
+constexpr double kRotationRawAboveBits = 6.5;
+bool RotationPays(Bytes raw, uint8_t width) {
+  // The sample: 16 runs of 256 elements spread evenly over the piece (runs rather than single
+  // elements: a cache line per sampled element made this cost half as much as Huffman coding).
+  constexpr size_t kRuns = 16, kRun = 256;
+  const size_t elements = raw.size() / width;
+  const size_t gap = elements > kRuns * kRun ? (elements - kRun) / (kRuns - 1) : kRun;
+  uint32_t plain[4][256] = {}, rotated[4][256] = {};
+  auto count = [&]<typename U>(U v) {
+    const U rot = RotateLeft1(v);
+    for (size_t j = 0; j < sizeof(U); ++j) {
+      ++plain[j][static_cast<uint8_t>(v >> (8 * j))];
+      ++rotated[j][static_cast<uint8_t>(rot >> (8 * j))];
+    }
+  };
+  for (size_t run = 0, at = 0; run < kRuns && at < elements; ++run, at += gap) {
+    const size_t end = std::min(elements, at + kRun);
+    for (size_t i = at; i < end; ++i) {
+      if (width == 2) {
+        uint16_t v;
+        std::memcpy(&v, raw.data() + 2 * i, 2);
+        count(v);
+      } else {
+        uint32_t v;
+        std::memcpy(&v, raw.data() + 4 * i, 4);
+        count(v);
+      }
+    }
+  }
+  auto cost = [&](const uint32_t hist[256]) {
+    const double bits = HistogramEntropyBits(hist);
+    return bits > kRotationRawAboveBits ? 8.0 : bits;
+  };
+  double with = 0, without = 0;
+  for (int j = 0; j < width; ++j) {
+    without += cost(plain[j]);
+    with += cost(rotated[j]);
+  }
+  return with < without;
+}
 
 // Appends one plane to the container in `out` (whose capacity already holds the segment raw):
 // its header (codec, stored length) and its stored bytes. Encoders write straight into `out`.
@@ -331,12 +458,19 @@ size_t PackedSize(const CodecSpec& spec, uint8_t width, Bytes planes) {
   return total;
 }
 
-// Compresses each plane (and the tail) of `planes` on its own into a container.
-void PackSegments(const CodecSpec& spec, uint8_t width, Bytes planes, float scale, Buffer* out) {
+// Compresses each plane (and the tail) of `planes` on its own into a container, opened by the
+// segment that records `options`, if any.
+void PackSegments(const CodecSpec& spec, uint8_t width, Bytes planes, PlaneOptions options,
+                  Buffer* out) {
   const size_t elements = planes.size() / width;
+  const float scale = options.scale;
   out->Clear();
   out->Reserve(planes.size() + (width + 1) * kSegmentHeaderBytes + kScaleSegmentBytes);
-  if (scale != 0) {
+  if (options.rotated) {
+    out->Resize(kSegmentHeaderBytes);
+    out->data()[0] = static_cast<std::byte>(kRotatedSegment);
+    PutLE<uint32_t>(out->data() + 1, 0);
+  } else if (scale != 0) {
     out->Resize(kScaleSegmentBytes);
     out->data()[0] = static_cast<std::byte>(kScaleSegment);
     PutLE<uint32_t>(out->data() + 1, 4);
@@ -380,9 +514,12 @@ Status UnpackSegments(uint8_t width, Bytes stored, MutableBytes planes) {
   return Status::OK();
 }
 
-// Splits `raw` into planes transformed with `t` (and the scaled prediction when scale != 0).
-void SplitWith(Transform t, uint8_t width, Bytes raw, const std::byte* base, float scale,
+// Splits `raw` into planes transformed with `t` (and the scaled prediction or the rotation that
+// `options` asks for).
+void SplitWith(Transform t, uint8_t width, Bytes raw, const std::byte* base, PlaneOptions options,
                std::byte* out) {
+  if (options.rotated) return SplitRotated(width, raw, out);
+  const float scale = options.scale;
   if (scale == 0) return Split(t, width, raw, base, out);
   const size_t elements = raw.size() / 4;
   SplitScaled(raw.data(), base, scale, elements, out);
@@ -391,19 +528,19 @@ void SplitWith(Transform t, uint8_t width, Bytes raw, const std::byte* base, flo
 
 // The stored size of `raw` encoded with `t` (planes container), written into out.
 size_t EncodeWith(const CodecSpec& spec, Transform t, uint8_t width, Bytes raw,
-                  const std::byte* base, float scale, Buffer* scratch, Buffer* out) {
+                  const std::byte* base, PlaneOptions options, Buffer* scratch, Buffer* out) {
   scratch->Resize(raw.size());
-  SplitWith(t, width, raw, base, scale, scratch->data());
-  PackSegments(spec, width, scratch->bytes(), scale, out);
+  SplitWith(t, width, raw, base, options, scratch->data());
+  PackSegments(spec, width, scratch->bytes(), options, out);
   return out->size();
 }
 
 // The stored size of `raw` encoded with `t`, without writing it.
 size_t SizeWith(const CodecSpec& spec, Transform t, uint8_t width, Bytes raw, const std::byte* base,
-                float scale, Buffer* scratch) {
+                PlaneOptions options, Buffer* scratch) {
   scratch->Resize(raw.size());
-  SplitWith(t, width, raw, base, scale, scratch->data());
-  return PackedSize(spec, width, scratch->bytes()) + (scale != 0 ? kScaleSegmentBytes : 0);
+  SplitWith(t, width, raw, base, options, scratch->data());
+  return PackedSize(spec, width, scratch->bytes()) + options.PrefixBytes();
 }
 
 size_t PlainSize(const CodecSpec& spec, Bytes raw, Buffer* out) {
@@ -444,13 +581,16 @@ EncodedPiece EncodePiece(const CodecSpec& spec, Bytes raw, uint8_t width, const 
   thread_local Buffer scratch, trial;  // per worker thread: no fresh memory per piece
 
   Transform best = Transform::kPlain;
-  float scale = 0;  // sub's scaled prediction: none
+  PlaneOptions options;  // neither scaled prediction nor rotation
   if (spec.entropy && width > 1) {
     // Tensors with the entropy stage: no trials. Measured on real trajectories (docs/engine.md,
     // "Compression"), sub is within 0.1% of the best of plain/planes/xor/sub per piece whenever
     // there is a base, and planes whenever there is none; the size check below still falls back
     // to plain when a piece does not shrink.
     best = can_delta ? Transform::kSub : Transform::kPlanes;
+    // fp32, bf16 and fp16 without a base: the elements rotated left by one bit where the
+    // sampled plane entropies say it pays (docs/engine.md, "Compression").
+    if (!can_delta && (width == 2 || width == 4)) options.rotated = RotationPays(raw, width);
     // fp32 deltas: the base scaled by a per-piece factor where that predicts better (Adam's
     // moments decay between versions), decided on the leading bytes of the piece.
     if (can_delta && width == 4) {
@@ -458,9 +598,9 @@ EncodedPiece EncodePiece(const CodecSpec& spec, Bytes raw, uint8_t width, const 
       if (fitted != 0) {
         const size_t sample = std::min(raw.size(), kSampleBytes / 2);
         Bytes head = raw.first(sample);
-        if (SizeWith(spec, best, width, head, base_data, fitted, &scratch) <
-            SizeWith(spec, best, width, head, base_data, 0, &scratch)) {
-          scale = fitted;
+        if (SizeWith(spec, best, width, head, base_data, {.scale = fitted}, &scratch) <
+            SizeWith(spec, best, width, head, base_data, {}, &scratch)) {
+          options.scale = fitted;
         }
       }
     }
@@ -476,7 +616,7 @@ EncodedPiece EncodePiece(const CodecSpec& spec, Bytes raw, uint8_t width, const 
     Bytes head = raw.first(sample);
     size_t best_size = PlainSize(spec, head, &trial);
     for (Transform t : candidates) {
-      size_t size = SizeWith(spec, t, width, head, base_data, 0, &scratch);
+      size_t size = SizeWith(spec, t, width, head, base_data, {}, &scratch);
       if (size < best_size) {
         best_size = size;
         best = t;
@@ -486,7 +626,7 @@ EncodedPiece EncodePiece(const CodecSpec& spec, Bytes raw, uint8_t width, const 
   if (best == Transform::kPlain) return plain();
   EncodedPiece p;
   p.encoding = {best, width, spec.codec};
-  EncodeWith(spec, best, width, raw, base_data, scale, &scratch, &p.stored);
+  EncodeWith(spec, best, width, raw, base_data, options, &scratch, &p.stored);
   if (p.stored.size() >= raw.size()) return plain();  // the sample misled: never grow
   return p;
 }
@@ -494,13 +634,19 @@ EncodedPiece EncodePiece(const CodecSpec& spec, Bytes raw, uint8_t width, const 
 Buffer EncodePieceAs(const CodecSpec& spec, Bytes raw, Transform t, uint8_t width,
                      const Buffer* base) {
   Buffer scratch, out;
-  EncodeWith(spec, t, width, raw, base ? base->data() : nullptr, 0, &scratch, &out);
+  EncodeWith(spec, t, width, raw, base ? base->data() : nullptr, {}, &scratch, &out);
   return out;
 }
 
 Buffer EncodeScaledSub(const CodecSpec& spec, Bytes raw, const Buffer& base, float scale) {
   Buffer scratch, out;
-  EncodeWith(spec, Transform::kSub, 4, raw, base.data(), scale, &scratch, &out);
+  EncodeWith(spec, Transform::kSub, 4, raw, base.data(), {.scale = scale}, &scratch, &out);
+  return out;
+}
+
+Buffer EncodeRotatedPlanes(const CodecSpec& spec, Bytes raw, uint8_t width) {
+  Buffer scratch, out;
+  EncodeWith(spec, Transform::kPlanes, width, raw, nullptr, {.rotated = true}, &scratch, &out);
   return out;
 }
 
@@ -525,9 +671,23 @@ Status DecodePiece(const PieceEncoding& encoding, Bytes stored, Bytes base, Muta
     if (!std::isnormal(scale)) return Status::Corruption("piece: bad prediction factor");
     stored = stored.subspan(kScaleSegmentBytes);
   }
+  bool rotated = false;
+  if (encoding.transform == Transform::kPlanes && !stored.empty() &&
+      static_cast<uint8_t>(stored[0]) == kRotatedSegment) {
+    if ((encoding.width != 2 && encoding.width != 4) || stored.size() < kSegmentHeaderBytes ||
+        GetLE<uint32_t>(stored.data() + 1) != 0) {
+      return Status::Corruption("piece: bad rotation segment");
+    }
+    rotated = true;
+    stored = stored.subspan(kSegmentHeaderBytes);
+  }
   thread_local Buffer planes;  // per thread: no fresh memory per piece
   planes.Resize(out.size());
   CKPTFS_RETURN_IF_ERROR(UnpackSegments(encoding.width, stored, planes.mutable_bytes()));
+  if (rotated) {
+    JoinRotated(encoding.width, planes.data(), out);
+    return Status::OK();
+  }
   if (scale != 0) {
     const size_t elements = out.size() / 4;
     JoinScaled(planes.data(), base.data(), scale, elements, out.data());

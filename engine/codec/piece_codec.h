@@ -16,6 +16,11 @@
 //           is taken against each base element times the factor (one IEEE single multiply;
 //           the base itself where the base or the product is zero, subnormal, Inf or NaN)
 //
+// Planes of fp32, bf16 and fp16 (width 4 or 2) without a base may first rotate each element left
+// by one bit (ZipNN's trick: the top plane then holds the whole 8-bit exponent of fp32/bf16 and
+// the sign joins the noisy low plane), where a sample of the piece says that the planes' entropy
+// drops; the container then starts with an empty segment of kind 0x41.
+//
 // With the entropy stage (the default) EncodePiece uses sub for tensors with a base and planes
 // without one (tried per piece: only whether the scaled prediction beats plain sub, on a
 // sample); otherwise it tries each applicable encoding on a sample of the piece (the first
@@ -70,6 +75,10 @@ Buffer EncodePieceAs(const CodecSpec& spec, Bytes raw, Transform t, uint8_t widt
 // Encodes `raw` (fp32) as sub against `base` scaled by `scale` (a normal float): the
 // container's first segment records the factor. For tests and tools.
 Buffer EncodeScaledSub(const CodecSpec& spec, Bytes raw, const Buffer& base, float scale);
+
+// Encodes `raw` (width 2 or 4) as planes of its elements rotated left by one bit: the container's
+// first segment records the rotation. For tests and tools.
+Buffer EncodeRotatedPlanes(const CodecSpec& spec, Bytes raw, uint8_t width);
 
 // Decodes `stored` into `out` (exactly the raw length). Deltas need `base` of that length.
 Status DecodePiece(const PieceEncoding& encoding, Bytes stored, Bytes base, MutableBytes out);

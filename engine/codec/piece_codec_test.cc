@@ -2,9 +2,13 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
+#include <string_view>
+#include <tuple>
 #include <vector>
 
 namespace ckptfs {
@@ -161,11 +165,13 @@ TEST(PieceCodecTest, AutoHuffmanCodesTheExponentPlaneAndStoresMantissaRaw) {
   EncodedPiece l = EncodePiece(*CodecSpec::Parse("lz4"), raw.bytes(), 4, nullptr);
   ASSERT_EQ(a.encoding.transform, Transform::kPlanes);
   ExpectRoundTrip(a, raw, nullptr);
-  // Planes 0 and 1 (mantissa) raw, plane 3 (sign and exponent) Huffman.
+  // The elements rotated (an empty segment of kind 0x41 first), then planes 0..2 (mantissa, and
+  // the sign in plane 0) raw, plane 3 (the exponent) Huffman.
   const std::byte* seg = a.stored.data();
-  EXPECT_EQ(static_cast<Codec>(seg[0]), Codec::kNone);
-  EXPECT_EQ(static_cast<Codec>(seg[5 + n]), Codec::kNone);
-  size_t pos = 0;
+  EXPECT_EQ(static_cast<uint8_t>(seg[0]), 0x41);
+  EXPECT_EQ(static_cast<Codec>(seg[5]), Codec::kNone);
+  EXPECT_EQ(static_cast<Codec>(seg[10 + n]), Codec::kNone);
+  size_t pos = 5;
   Codec codecs[5];
   for (int s = 0; s < 5; ++s) {
     codecs[s] = static_cast<Codec>(seg[pos]);
@@ -328,6 +334,203 @@ TEST(PieceCodecTest, MalformedPredictionSegmentsAreCorruption) {
     Buffer bad(stored.bytes());
     std::memcpy(bad.data() + 5, &bad_factor, 4);
     EXPECT_FALSE(DecodePiece(sub4, bad.bytes(), base.bytes(), out.mutable_bytes()).ok());
+  }
+}
+
+// Rotation (planes of fp32, bf16, fp16): fp32/bf16 weights N(0, 0.02) and fp16 weights, with
+// NaN payloads, infinities, zeros of both signs, subnormals and the largest finite values
+// sprinkled in; every length from empty to tails of each width.
+Buffer SpecialWeights(uint8_t width, size_t size, uint32_t seed) {
+  static const uint32_t kSpecials32[] = {0x7fc00000, 0x7f800001, 0xffc01234, 0x7f800000,
+                                         0xff800000, 0x00000000, 0x80000000, 0x00000001,
+                                         0x807fffff, 0x7f7fffff, 0xff7fffff, 0x00800000};
+  static const uint16_t kSpecials16[] = {0x7e00, 0x7c01, 0xfe12, 0x7c00, 0xfc00, 0x0000,
+                                         0x8000, 0x0001, 0x83ff, 0x7bff, 0xfbff, 0x7fc1};
+  std::vector<float> w = Weights(size / 4 + 1, seed);
+  Buffer out(size);
+  for (size_t i = 0; i + width <= size; i += width) {
+    const size_t e = i / width;
+    if (width == 4) {
+      const uint32_t v =
+          e % 17 == 5 ? kSpecials32[e / 17 % 12] : std::bit_cast<uint32_t>(w[e % w.size()]);
+      std::memcpy(out.data() + i, &v, 4);
+    } else {
+      // bf16 (the top half of an fp32) or, on odd seeds, fp16 of the same magnitude.
+      const uint32_t f = std::bit_cast<uint32_t>(w[e % w.size()]);
+      uint16_t h = static_cast<uint16_t>(f >> 16);
+      if (seed % 2 == 1) {
+        const _Float16 x = static_cast<_Float16>(w[e % w.size()]);
+        std::memcpy(&h, &x, 2);
+      }
+      if (e % 17 == 5) h = kSpecials16[e / 17 % 12];
+      std::memcpy(out.data() + i, &h, 2);
+    }
+  }
+  for (size_t k = size / width * width; k < size; ++k)
+    out.data()[k] = static_cast<std::byte>(0xa5 + k);
+  return out;
+}
+
+TEST(PieceCodecTest, RotatedPlanesRoundTripEveryFloatWidthSpecialValuesAndOddLengths) {
+  for (uint8_t width : {2, 4}) {
+    for (uint32_t seed : {1u, 2u}) {
+      for (size_t size : {size_t{0}, size_t{1}, size_t{2}, size_t{3}, size_t{5}, size_t{7},
+                          size_t{61}, size_t{4099}, size_t{(256 << 10) + 3}}) {
+        SCOPED_TRACE("width " + std::to_string(width) + " seed " + std::to_string(seed) + " size " +
+                     std::to_string(size));
+        Buffer raw = SpecialWeights(width, size, seed);
+        for (const char* spec : {"auto", "lz4", "none"}) {
+          Buffer stored = EncodeRotatedPlanes(*CodecSpec::Parse(spec), raw.bytes(), width);
+          ASSERT_GE(stored.size(), 5u);
+          EXPECT_EQ(static_cast<uint8_t>(stored.data()[0]), 0x41);
+          Buffer back(size);
+          ASSERT_TRUE(DecodePiece({Transform::kPlanes, width, Codec::kLz4}, stored.bytes(), {},
+                                  back.mutable_bytes())
+                          .ok());
+          ASSERT_EQ(0, std::memcmp(back.data(), raw.data(), size)) << spec;
+        }
+        ExpectRoundTrip(EncodePiece(CodecSpec{}, raw.bytes(), width, nullptr), raw, nullptr);
+      }
+    }
+  }
+}
+
+TEST(PieceCodecTest, RotationIsChosenWhereItPaysOnly) {
+  const size_t n = 256 << 10;
+  // Weights (random sign): the rotated top plane is the 8-bit exponent, and it is smaller.
+  for (uint8_t width : {2, 4}) {
+    Buffer raw = SpecialWeights(width, n * width, 2);
+    EncodedPiece p = EncodePiece(CodecSpec{}, raw.bytes(), width, nullptr);
+    ASSERT_EQ(p.encoding.transform, Transform::kPlanes);
+    EXPECT_EQ(static_cast<uint8_t>(p.stored.data()[0]), 0x41) << int{width};
+    Buffer unrotated = EncodePieceAs(CodecSpec{}, raw.bytes(), Transform::kPlanes, width, nullptr);
+    EXPECT_LT(p.stored.size(), unrotated.size()) << int{width};
+    ExpectRoundTrip(p, raw, nullptr);
+  }
+  // Adam's exp_avg_sq (all positive): the sign costs nothing where it is, so no rotation.
+  auto [moment, unused] = DecayingMoment(n, 24);
+  EncodedPiece q = EncodePiece(CodecSpec{}, moment.bytes(), 4, nullptr);
+  ASSERT_EQ(q.encoding.transform, Transform::kPlanes);
+  EXPECT_NE(static_cast<uint8_t>(q.stored.data()[0]), 0x41);
+  ExpectRoundTrip(q, moment, nullptr);
+  // Integers of a few bits: nothing to gain either.
+  std::vector<int32_t> ints(n);
+  for (size_t i = 0; i < n; ++i) ints[i] = static_cast<int32_t>(i % 37);
+  Buffer ib = ToBuffer(ints.data(), n * 4);
+  EncodedPiece r = EncodePiece(CodecSpec{}, ib.bytes(), 4, nullptr);
+  EXPECT_TRUE(r.stored_raw() || static_cast<uint8_t>(r.stored.data()[0]) != 0x41);
+  ExpectRoundTrip(r, ib, nullptr);
+}
+
+TEST(PieceCodecTest, MalformedRotationSegmentsAreCorruption) {
+  Buffer raw = SpecialWeights(4, 4099, 3);
+  Buffer stored = EncodeRotatedPlanes(CodecSpec{}, raw.bytes(), 4);
+  Buffer out(raw.size());
+  const PieceEncoding planes4{Transform::kPlanes, 4, Codec::kLz4};
+  ASSERT_TRUE(DecodePiece(planes4, stored.bytes(), {}, out.mutable_bytes()).ok());
+  for (size_t cut = 0; cut < stored.size(); cut += 37) {
+    EXPECT_FALSE(DecodePiece(planes4, stored.bytes().first(cut), {}, out.mutable_bytes()).ok());
+  }
+  // In a container of a width without rotation, or of a delta.
+  for (uint8_t width : {1, 3, 8}) {
+    EXPECT_FALSE(DecodePiece({Transform::kPlanes, width, Codec::kLz4}, stored.bytes(), {},
+                             out.mutable_bytes())
+                     .ok());
+  }
+  for (Transform t : {Transform::kXor, Transform::kSub}) {
+    EXPECT_FALSE(
+        DecodePiece({t, 4, Codec::kLz4}, stored.bytes(), raw.bytes(), out.mutable_bytes()).ok());
+  }
+  for (uint32_t bad_len : {1u, 4u, 0xffffffffu}) {
+    Buffer bad(stored.bytes());
+    std::memcpy(bad.data() + 1, &bad_len, 4);
+    EXPECT_FALSE(DecodePiece(planes4, bad.bytes(), {}, out.mutable_bytes()).ok());
+  }
+}
+
+// Records written before the rotation existed (planes containers of commit 2640bad, encoded by
+// EncodePiece(CodecSpec{}, ...) from OldFormatInput): they must keep decoding bit for bit.
+std::vector<std::byte> OldFormatInput(uint8_t width, size_t elements) {
+  uint32_t s = 0x9e3779b9u;
+  auto next = [&] {
+    s ^= s << 13;
+    s ^= s >> 17;
+    s ^= s << 5;
+    return s;
+  };
+  std::vector<std::byte> out(elements * width + width - 1);
+  for (size_t i = 0; i < elements; ++i) {
+    const uint32_t r = next();
+    const uint32_t e = 118 + (r & 3) + ((r >> 2) & 3) + ((r >> 4) & 1);  // a skewed exponent
+    uint32_t v = (r & 0x80000000u) | (e << 23) | (next() & 0x7f0000u);
+    if (i % 61 == 7) v = 0x7fc00001u;   // NaN with a payload
+    if (i % 61 == 19) v = 0x80000000u;  // -0
+    if (i % 61 == 31) v = 0xff800000u;  // -Inf
+    if (i % 61 == 43) v = 0x00000003u;  // subnormal
+    if (width == 2) {
+      const uint16_t h = static_cast<uint16_t>(v >> 16);
+      std::memcpy(&out[i * 2], &h, 2);
+    } else {
+      std::memcpy(&out[i * 4], &v, 4);
+    }
+  }
+  for (int k = 0; k < width - 1; ++k) out[elements * width + k] = static_cast<std::byte>(0xa0 + k);
+  return out;
+}
+
+Buffer FromHex(std::string_view hex) {
+  Buffer out(hex.size() / 2);
+  for (size_t i = 0; i < out.size(); ++i) {
+    out.data()[i] =
+        static_cast<std::byte>(std::stoi(std::string(hex.substr(2 * i, 2)), nullptr, 16));
+  }
+  return out;
+}
+
+TEST(PieceCodecTest, RecordsOfTheOldPlanesFormatStillDecode) {
+  // fp32, 256 elements + a 3-byte tail: planes 0 and 1 lz4, 2 raw, 3 Huffman.
+  const char* kFp32 =
+      "011b00000012000100120107000f02000a1f031e00050f3d00a4500100000000010b0000001f000100e7500000"
+      "00000000000100002e8389fb5a982fc01de7b6e90e4fead0a4270f00bbf33dce1afebf13e4ee3e8063059a9b97"
+      "573f687b74f10017670d1962346cb6e47bec5e1f98b00261ef24d14d4eb092c011c5ae5458db52ab18c9020025"
+      "0f0aefe6f3067cf0492980ab858132cd6ecbcc5f8ff000d5640872e9e420f76082c39f41de46693ef0315344d4"
+      "5853c0b6a18ed0d3b4365aadf12400f99d1d47ded8e72d0f460780efea67033bcc359570c29500073d4302f5fb"
+      "864de20811925bf06725e61b5406832d9889c0caa14b04640c072cc677d9008987b2cf0e63264db74e94807020"
+      "c295ecec063636939e004d1c299462296ff8cf2caa59e2e5be02d93d576a05a063ffc08cdeac7803f5000000ff"
+      "060000000000000000000000000000000000000000000000000000000040330300000000000000000000000000"
+      "000000000000000000000000000000000000600600000000000000000000000000000000000000000000000000"
+      "0000004023040000000000000000000000000000000000000000000000000000000000000060190000001a0000"
+      "001b000000f62df66b9f600bf92c083ea4df9d026ef6499d603bddd06301427e6f5d51433fcb6d9bb5ffa293ad"
+      "350f542b664192e231ad017eb5a6486dbec119b7c7fd335931bd99c7d41e63bb973bd5d5c06b225784fdd5159c"
+      "45ff5e6724557ddc8c7aa59dd64cb196bc3d070003000000a0a1a2";
+  // bf16, 384 elements + a 1-byte tail: plane 0 raw, plane 1 Huffman.
+  const char* kBf16 =
+      "00800100002e8389fb5a982fc01de7b6e90e4fead0a4270f00bbf33dce1afebf13e4ee3e8063059a9b97573f68"
+      "7b74f10017670d1962346cb6e47bec5e1f98b00261ef24d14d4eb092c011c5ae5458db52ab18c90200250f0aef"
+      "e6f3067cf0492980ab858132cd6ecbcc5f8ff000d5640872e9e420f76082c39f41de46693ef0315344d45853c0"
+      "b6a18ed0d3b4365aadf12400f99d1d47ded8e72d0f460780efea67033bcc359570c29500073d4302f5fb864de2"
+      "0811925bf06725e61b5406832d9889c0caa14b04640c072cc677d9008987b2cf0e63264db74e94807020c295ec"
+      "ec063636939e004d1c299462296ff8cf2caa59e2e5be02d93d576a05a063ffc08cdeac78dcd855176e0828004e"
+      "0aa08aa9310d4fc4ec5f80bbee17e0c53e2023a0f7d90060552160782283d532b2fcd9f4a681468e20e0eed926"
+      "6987c0faec5b49b0c0ba472c9b2d006fde6cc9c764f224b941d380753e3ae08cc57d48347549001a0123d10c6d"
+      "1955b778a9741b26ec4fbe6ff01f61c80bf2c02b93b4f3505c6cf1417e0328010000ff06000000000000000000"
+      "000000000000000000000000000000000000004033040000000000000000000000000000000000000000000000"
+      "000000000000000060060000000000000000000000000000000000000000000000000000000040320300000000"
+      "00000000000000000000000000000000000000000000000000000060270000002800000026000000762ff66b57"
+      "c991ec67251b37d26f862466ef59bc1bdbcb6d682e51e4b767149cf05906d8b37f2295ad739e049d329748d27a"
+      "1cb05f9d4324d86fe21d43d37f664f193af338d8e3d8a6db0aa3495e03ca9628f68751522bfc94194988c7ec88"
+      "1218708658977da917b2d17eb6e458177ebc2232d20350dbf4ee82227b25c46b359630fe8230f176ff398f1ca2"
+      "3e3994300a496469daebbd1243ea050001000000a0";
+  for (auto [width, elements, hex] :
+       {std::tuple<uint8_t, size_t, const char*>{4, 256, kFp32}, {2, 384, kBf16}}) {
+    const std::vector<std::byte> expected = OldFormatInput(width, elements);
+    Buffer stored = FromHex(hex);
+    Buffer out(expected.size());
+    ASSERT_TRUE(DecodePiece({Transform::kPlanes, width, Codec::kLz4}, stored.bytes(), {},
+                            out.mutable_bytes())
+                    .ok())
+        << int{width};
+    EXPECT_EQ(0, std::memcmp(out.data(), expected.data(), expected.size())) << int{width};
   }
 }
 
