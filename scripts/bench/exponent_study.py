@@ -1,0 +1,144 @@
+#!/usr/bin/python3
+"""Entropy bounds behind the codec's choices (docs/engine.md, "Compression"): what byte-plane
+layouts and exponent contexts could store, computed from real checkpoints (order-0 / order-1
+entropy, not a codec; the codec stores ~0.5% of raw more than these bounds).
+
+  exponent_study.py first FILE.pt        first versions, per 1 MiB piece: planes as ckptfs
+                                         stores them (rotated), and the exponent plane with
+                                         an order-1 context of K buckets, table costs included
+  exponent_study.py delta OLD.pt NEW.pt  changed tensors: sub (what ckptfs stores), sub of the
+                                         rotated elements, the rotated difference, rotated xor,
+                                         and sub with an order-1 context on its top plane
+
+Stored / raw over the fp32 and bf16 tensors of more than 1024 elements. Needs torch
+(/usr/bin/python3 on this machine).
+"""
+import sys
+
+import numpy as np
+import torch
+
+
+def entropy(counts):
+    c = counts[counts > 0].astype(np.float64)
+    p = c / c.sum()
+    return -(p * np.log2(p)).sum()
+
+
+def h(a):
+    return entropy(np.bincount(a.ravel(), minlength=256))
+
+
+def h_given(x, y):  # H(y | x) for bytes
+    j = x.astype(np.int64) * 256 + y
+    return entropy(np.bincount(j.ravel(), minlength=65536)) - h(x)
+
+
+def table_bytes(counts):  # a Huffman table as ckptfs writes it, and 4 stream lengths
+    nz = np.nonzero(counts)[0]
+    return 1 + (nz.max() + 2) // 2 + 12 if nz.size else 0
+
+
+def tensors(path):
+    out = {}
+
+    def walk(o, key):
+        if torch.is_tensor(o):
+            if o.dtype in (torch.bfloat16, torch.float32) and o.numel() > 1024:
+                out[key] = o
+        elif isinstance(o, dict):
+            for k, v in o.items():
+                walk(v, key + "/" + str(k))
+        elif isinstance(o, (list, tuple)):
+            for i, v in enumerate(o):
+                walk(v, key + "/" + str(i))
+
+    walk(torch.load(path, weights_only=False, map_location="cpu"), "")
+    return out
+
+
+def bits_of(t):
+    if t.dtype == torch.bfloat16:
+        return t.contiguous().view(torch.int16).numpy().view(np.uint16).ravel().astype(np.uint64), 16
+    return t.contiguous().view(torch.int32).numpy().view(np.uint32).ravel().astype(np.uint64), 32
+
+
+def rot(x, w):
+    return ((x << np.uint64(1)) | (x >> np.uint64(w - 1))) & np.uint64((1 << w) - 1)
+
+
+def planes(x, w):
+    return [((x >> np.uint64(s)) & np.uint64(0xFF)).astype(np.int64) for s in range(0, w, 8)]
+
+
+def stored_bits(p):  # a plane as the codec stores it: raw above 7.5 bits
+    e = h(p)
+    return p.size * (8 if e > 7.5 else e)
+
+
+def first(path):
+    kinds = (2, 4, 8, 16)
+    tot = {"order0": 0.0, **{f"K={k}": 0.0 for k in kinds}, "bits": 0}
+    for t in tensors(path).values():
+        u, w = bits_of(t)
+        per = (1 << 20) // (w // 8)
+        for a in range(0, u.size, per):
+            x = u[a:a + per]
+            ps = planes(rot(x, w), w)
+            e = ps[-1]
+            rest = sum(stored_bits(p) for p in ps[:-1])
+            c0 = np.bincount(e, minlength=256)
+            tot["order0"] += rest + e.size * entropy(c0) + 8 * table_bytes(c0)
+            prev = np.concatenate([[0], e[:-1]])
+            order = np.argsort(-np.bincount(prev, minlength=256))
+            for k in kinds:
+                bucket_of = np.full(256, k - 1)
+                bucket_of[order[:k - 1]] = np.arange(k - 1)
+                b = bucket_of[prev]
+                cost = rest + 8 * 128  # the bucket map, 4 bits per exponent value
+                for j in range(k):
+                    c = np.bincount(e[b == j], minlength=256)
+                    cost += c.sum() * entropy(c) + 8 * table_bytes(c)
+                tot[f"K={k}"] += cost
+            tot["bits"] += x.size * w
+    print({k: round(v / tot["bits"], 4) for k, v in tot.items() if k != "bits"})
+
+
+def delta(old_path, new_path):
+    old, new = tensors(old_path), tensors(new_path)
+    tot = {}
+    for key, tb in new.items():
+        ta = old.get(key)
+        if ta is None or ta.shape != tb.shape or torch.equal(ta, tb):
+            continue
+        kind = "exp_avg_sq" if "exp_avg_sq" in key else "exp_avg" if "exp_avg" in key else "other"
+        v, w = bits_of(tb)
+        b, _ = bits_of(ta)
+        m = np.uint64((1 << w) - 1)
+
+        def zigzag(d):
+            s = (d >> np.uint64(w - 1)) & np.uint64(1)
+            return ((d << np.uint64(1)) & m) ^ (m * s)
+
+        variants = {"sub": zigzag((v - b) & m), "sub of rotated": zigzag((rot(v, w) - rot(b, w)) & m),
+                    "rotated sub": rot((v - b) & m, w), "rotated xor": rot(v ^ b, w)}
+        d = tot.setdefault(kind, {"bits": 0})
+        d["bits"] += v.size * w
+        for name, x in variants.items():
+            ps = planes(x, w)
+            d[name] = d.get(name, 0.0) + sum(v.size * min(h(p), 8) for p in ps)
+            if name == "sub":
+                top = ps[-1]
+                ctx = v.size * h_given(top[:-1], top[1:]) + sum(v.size * min(h(p), 8) for p in ps[:-1])
+                d["sub, order-1 top plane"] = d.get("sub, order-1 top plane", 0.0) + ctx
+    for kind, d in tot.items():
+        print(kind, {k: round(x / d["bits"], 4) for k, x in d.items() if k != "bits"})
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "first":
+        first(sys.argv[2])
+    elif len(sys.argv) == 4 and sys.argv[1] == "delta":
+        delta(sys.argv[2], sys.argv[3])
+    else:
+        sys.exit(__doc__)
