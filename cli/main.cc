@@ -192,6 +192,10 @@ int main(int argc, char** argv) {
                    "no deltas")
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
+  bool forward_deltas = false;
+  mount->add_flag("--forward-deltas", forward_deltas,
+                  "no background re-encoding into reverse deltas: the newest version then reads "
+                  "through delta chains (for comparison; docs/engine.md)");
   mount
       ->add_option("--seal-after", seal_after,
                    "seal a version this many seconds after a newer one exists and its files "
@@ -206,7 +210,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> mount_options;
   mount->add_option("-o", mount_options,
                     "comma-separated options, as in fstab: cache_size=, inflight=, codec=, "
-                    "delta_chain=, seal_after=, snapshot_timeout=, create (as the flags above, "
+                    "delta_chain=, seal_after=, snapshot_timeout=, forward_deltas, create (as the flags above, "
                     "and applied after them), FUSE options (allow_other, ro, ...)");
   std::string mountpoint;
   auto* umount = app.add_subcommand("umount", "make everything durable, then unmount");
@@ -306,6 +310,7 @@ int main(int argc, char** argv) {
     margs.inflight_bytes = *inflight;
     if (!codec.empty()) margs.codec = *spec;
     margs.seal_after = std::chrono::milliseconds(static_cast<int64_t>(seal_after * 1000));
+    if (forward_deltas) margs.reverse_deltas = false;
     margs.snapshot_timeout =
         std::chrono::milliseconds(static_cast<int64_t>(snapshot_timeout * 1000));
     for (const auto& list : mount_options) {

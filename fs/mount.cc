@@ -80,6 +80,16 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
   options.cache_bytes = args.cache_bytes;
   options.inflight_bytes = args.inflight_bytes;
   options.max_delta_chain = args.max_delta_chain;
+  options.reverse_deltas = args.reverse_deltas;
+  // The reverse-delta crash test's switch (tests/fs/test_reencode_crash.py): a pause between
+  // the re-encoder's synced records and its catalog transaction, for a kill to land in.
+  if (const char* pause = std::getenv("CKPTFS_TEST_REENCODE_PAUSE_MS")) {
+    const int ms = std::atoi(pause);
+    options.before_reencode_commit = [ms] {
+      spdlog::warn("CKPTFS_TEST_REENCODE_PAUSE_MS: re-encoded records synced, pausing {} ms", ms);
+      std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    };
+  }
   auto store = Store::Open(args.store, options);
   if (!store.ok()) {
     ready.Report(store.status().ToString());

@@ -31,6 +31,7 @@ struct MountArgs {
   size_t inflight_bytes = 256u << 20;
   std::optional<CodecSpec> codec;  // unset: the store's recorded codec (StoreOptions::codec)
   uint32_t max_delta_chain = StoreOptions{}.max_delta_chain;
+  bool reverse_deltas = StoreOptions{}.reverse_deltas;  // --forward-deltas, -o forward_deltas
   std::chrono::milliseconds seal_after{std::chrono::seconds(10)};
   // A snapshot version whose ranks have not all committed this long after the first began is
   // abandoned (engine/namespace/control_server.h).

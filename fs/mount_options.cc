@@ -72,6 +72,8 @@ Status ApplyOne(std::string_view option, MountArgs* args) {
     }
   } else if (key == "create" && !has_value) {
     args->create = true;
+  } else if (key == "forward_deltas" && !has_value) {
+    args->reverse_deltas = false;
   } else if (!ForMountOnly(key)) {
     args->fuse_options.emplace_back(option);
   }

@@ -132,6 +132,14 @@ Store::Store(std::filesystem::path dir, const StoreOptions& options)
       inflight_(options.inflight_bytes - PackQueueBytes(options.inflight_bytes)) {}
 
 Store::~Store() {
+  if (reencoder_.joinable()) {  // finishes what is queued: the newest version's re-encoding
+    {
+      std::lock_guard lock(reencode_mu_);
+      reencode_stopping_ = true;
+    }
+    reencode_cv_.notify_all();
+    reencoder_.join();
+  }
   pool_.reset();  // runs what is queued; writers must be gone by now
   packs_.reset();
 }
@@ -194,6 +202,10 @@ Result<std::unique_ptr<Store>> Store::Open(const std::filesystem::path& dir,
                     ? options.worker_threads
                     : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   store->pool_ = std::make_unique<WorkerPool>(threads);
+  if (options.reverse_deltas && options.max_delta_chain > 1) {
+    store->reencoder_ = std::thread([p = store.get()] { p->RunReencoder(); });
+    CKPTFS_RETURN_IF_ERROR(store->QueuePendingReverseDeltas());
+  }
   return store;
 }
 
@@ -401,6 +413,7 @@ Result<ContentId> Store::CommitContent(
     chunk_count += base_refs.size();
   }
   std::map<uint32_t, uint64_t> pack_ends;
+  bool new_deltas = false;  // then the re-encoder looks at this content
   for (const auto& [ref, pinned_row] : refs) {
     CKPTFS_RETURN_IF_ERROR(txn.PutChunkRef(id, ref));
     CKPTFS_ASSIGN_OR_RETURN(std::optional<ChunkRow> row, txn.GetChunk(ref.id));
@@ -416,6 +429,7 @@ Result<ContentId> Store::CommitContent(
       uint64_t& end = pack_ends[loc.pack_id];
       end = std::max(end, loc.offset + loc.length);
       if (IsDelta(row->transform)) {
+        new_deltas = true;
         // The base is pinned by the writer, so it is still in the catalog.
         CKPTFS_ASSIGN_OR_RETURN(std::optional<ChunkRow> base_row, txn.GetChunk(row->base));
         if (!base_row) {
@@ -439,7 +453,10 @@ Result<ContentId> Store::CommitContent(
     CKPTFS_RETURN_IF_ERROR(txn.Put(Table::kContentMeta, ContentMetaKey(id), layout));
   }
   if (hook) CKPTFS_RETURN_IF_ERROR(hook(txn, id));
+  const bool reencode = new_deltas && reencoder_.joinable();
+  if (reencode) CKPTFS_RETURN_IF_ERROR(MarkForReverseDeltas(txn, id));
   CKPTFS_RETURN_IF_ERROR(txn.Commit());
+  if (reencode) QueueReverseDeltas(id);
   return id;
 }
 

@@ -29,7 +29,9 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <filesystem>
 #include <functional>
 #include <future>
@@ -38,6 +40,7 @@
 #include <optional>
 #include <shared_mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -92,6 +95,14 @@ struct StoreOptions {
   // (catalog.h, space_reserve.h). 0: none.
   uint64_t space_reserve_bytes = 32ull << 20;
   bool use_io_uring = true;
+  // Reverse deltas (reencode.cc, docs/engine.md "Read path"): after a content commits, a
+  // background thread stores its delta pieces whole and re-encodes their bases as deltas
+  // against them, so that the newest version decodes one record per piece. false: forward
+  // deltas only (the newest version decodes up to max_delta_chain records per piece).
+  bool reverse_deltas = true;
+  // Test hook (crash tests): runs after the re-encoder's new records are synced, before the
+  // catalog transaction that points the rows at them.
+  std::function<void()> before_reencode_commit;
 };
 
 struct StoreStats {
@@ -227,6 +238,13 @@ class Store {
   Status DiscardExternalPack(uint32_t pack_id);
   // ---- end of adopt.cc --------------------------------------------------------------------
 
+  // Returns once every content committed so far has been through the reverse-delta
+  // re-encoder (at once with reverse_deltas off). The destructor waits for it too.
+  void WaitReencoded();
+  // Pieces the re-encoder stored whole since Open (their bases re-encoded against them or
+  // left whole as anchors).
+  uint64_t pieces_reencoded() const { return pieces_reencoded_.load(); }
+
   Catalog& catalog() { return *catalog_; }
   const std::filesystem::path& dir() const { return dir_; }
   const StoreOptions& options() const { return options_; }
@@ -290,6 +308,16 @@ class Store {
   // The catalog row of a record appended at `loc` (no delta base, no references).
   static ChunkRow RowOf(const RecordHeader& header, const PackLocation& loc);
   uint64_t PackBytesOnDisk() const;
+  // ---- Reverse deltas (reencode.cc) ---------------------------------------------------------
+  void QueueReverseDeltas(ContentId id);
+  // Persists `id` in the re-encoder's queue (inside the transaction that commits it).
+  static Status MarkForReverseDeltas(Catalog::WriteTxn& txn, ContentId id);
+  // Queues the contents a crash left marked (Open).
+  Status QueuePendingReverseDeltas();
+  void RunReencoder();
+  Status ReverseDeltas(ContentId id);
+  // Punches the whole blocks inside dead records' extents (adjacent records as one range).
+  void PunchRecords(std::vector<PackLocation> dead);
 
   const std::filesystem::path dir_;
   StoreOptions options_;
@@ -312,6 +340,16 @@ class Store {
   mutable std::mutex signatures_mu_;
   mutable std::unordered_map<ContentId, std::optional<uint64_t>>
       signatures_;  // GUARDED_BY(signatures_mu_)
+
+  std::mutex reencode_mu_;
+  std::condition_variable reencode_cv_;
+  std::deque<ContentId> reencode_queue_;  // GUARDED_BY(reencode_mu_)
+  bool reencode_busy_ = false;            // GUARDED_BY(reencode_mu_)
+  bool reencode_stopping_ = false;        // GUARDED_BY(reencode_mu_)
+  std::atomic<uint64_t> pieces_reencoded_{0};
+  // Replaced records a writer still held pinned: punched by a later batch (reencode.cc).
+  std::vector<std::pair<ChunkId, PackLocation>> punch_later_;  // GUARDED_BY(mu_)
+  std::thread reencoder_;  // started by Open when options_.reverse_deltas
 };
 
 }  // namespace ckptfs

@@ -1,0 +1,393 @@
+// Reverse deltas (Store, store.h; docs/engine.md "Read path"): after a content commits, each
+// of its delta pieces X whose base B the re-encoder itself once made whole is stored whole,
+// and B is re-encoded as a delta against X. The newest version then decodes one record per
+// piece; the version before it two, and so on back to the last whole piece.
+//
+// Which pieces stay whole: a piece written whole (a first version, a keyframe where the
+// forward chain was full, a piece gc stored whole) is an anchor and is never re-encoded, so
+// the oldest version keeps reading at whole-record speed. A piece the re-encoder made whole
+// ("promoted", a row in the content-meta table) is re-encoded against the next version's
+// piece while the chain through it stays within max_delta_chain; once full, it stays whole
+// and the chain starts again above it. So versions cost what forward deltas cost (one whole
+// piece per max_delta_chain versions) plus the first version's anchor.
+//
+// Storage: the swap is made only when the two new records are no larger than the two old ones
+// (the codec does not try every encoding, so B-against-X can lose). Where B is an anchor or
+// its chains are full, X alone is made whole: the keyframe forward deltas would have written
+// too. The old records are dead after the swap; their blocks are punched out at once.
+//
+// Crash safety: the new records are synced before the one catalog transaction that points
+// the rows at them, and that transaction applies only if both rows still describe the records
+// the re-encoder started from and no writer holds B as a delta base. Killed before it, the
+// new records are an uncommitted pack tail (cut at the next open); after it, the rows are
+// consistent; the punch comes last (killed before it, gc punches the dead records later).
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <unordered_map>
+
+#include "engine/codec/piece_codec.h"
+#include "engine/store/record.h"
+#include "engine/store/store.h"
+
+namespace ckptfs {
+namespace {
+
+// A piece the re-encoder made whole: it may become a delta against the next version's piece.
+std::string PromotedKey(const ChunkId& id) {
+  std::string key = "P";
+  key.append(reinterpret_cast<const char*>(id.bytes.data()), id.bytes.size());
+  return key;
+}
+
+// A content waiting for the re-encoder: written in the transaction that commits it, deleted
+// once it was re-encoded, so that a crash or kill loses no re-encoding (Open queues them).
+std::string QueuedKey(ContentId id) {
+  std::string key = "Q";
+  for (int shift = 56; shift >= 0; shift -= 8) key.push_back(static_cast<char>(id >> shift));
+  return key;
+}
+
+// Raw bytes re-encoded per catalog transaction, at most.
+constexpr uint64_t kBatchRawBytes = 64u << 20;
+
+struct Candidate {
+  ChunkId x, b;
+  ChunkRow x_row, b_row;
+  bool b_promoted = false;  // when listed; the swap checks again
+};
+
+struct Swap {
+  Candidate c;
+  ChunkRow x_whole;                 // the new records' rows (no references yet)
+  std::optional<ChunkRow> b_delta;  // none where B gains nothing from X
+};
+
+}  // namespace
+
+Status Store::MarkForReverseDeltas(Catalog::WriteTxn& txn, ContentId id) {
+  return txn.Put(Table::kContentMeta, QueuedKey(id), "");
+}
+
+Status Store::QueuePendingReverseDeltas() {
+  std::vector<ContentId> pending;
+  {
+    CKPTFS_ASSIGN_OR_RETURN(auto txn, catalog_->BeginRead());
+    CKPTFS_RETURN_IF_ERROR(txn.ForEach(Table::kContentMeta, "Q", "", [&](auto key, auto) {
+      if (key.size() != 9) return true;
+      ContentId id = 0;
+      for (size_t i = 1; i < 9; ++i) id = id << 8 | static_cast<uint8_t>(key[i]);
+      pending.push_back(id);
+      return true;
+    }));
+  }
+  if (!pending.empty()) {
+    spdlog::info("{} versions' re-encoding into reverse deltas resumes", pending.size());
+  }
+  for (ContentId id : pending) QueueReverseDeltas(id);
+  return Status::OK();
+}
+
+void Store::QueueReverseDeltas(ContentId id) {
+  {
+    std::lock_guard lock(reencode_mu_);
+    if (reencode_stopping_) return;
+    reencode_queue_.push_back(id);
+  }
+  reencode_cv_.notify_all();
+}
+
+void Store::WaitReencoded() {
+  std::unique_lock lock(reencode_mu_);
+  reencode_cv_.wait(lock, [&] { return reencode_queue_.empty() && !reencode_busy_; });
+}
+
+void Store::RunReencoder() {
+  for (;;) {
+    ContentId id;
+    {
+      std::unique_lock lock(reencode_mu_);
+      reencode_cv_.wait(lock, [&] { return reencode_stopping_ || !reencode_queue_.empty(); });
+      if (reencode_queue_.empty()) return;  // stopping, and everything queued was done
+      id = reencode_queue_.front();
+      reencode_queue_.pop_front();
+      reencode_busy_ = true;
+    }
+    Status s = ReverseDeltas(id);
+    if (!s.ok() && !s.IsNotFound()) {
+      spdlog::warn("reverse deltas for content {}: {} (it keeps its forward deltas)", id,
+                   s.ToString());
+    }
+    Status done = catalog_->Update(Catalog::SpaceUse::kFreesSpace, [&](Catalog::WriteTxn& txn) {
+      return txn.Delete(Table::kContentMeta, QueuedKey(id));
+    });
+    if (!done.ok()) spdlog::warn("content {}: {}", id, done.ToString());
+    {  // Replaced records whose pins are gone by now.
+      std::vector<PackLocation> dead;
+      std::unique_lock gc(gc_mu_);
+      std::lock_guard lock(mu_);
+      for (auto it = punch_later_.begin(); it != punch_later_.end();) {
+        if (pinned_.count(it->first) != 0) {
+          ++it;
+          continue;
+        }
+        dead.push_back(it->second);
+        it = punch_later_.erase(it);
+      }
+      PunchRecords(std::move(dead));
+    }
+    {
+      std::lock_guard lock(reencode_mu_);
+      reencode_busy_ = false;
+    }
+    reencode_cv_.notify_all();
+  }
+}
+
+Status Store::ReverseDeltas(ContentId id) {
+  // 1. The content's delta pieces whose base was promoted (whole).
+  std::vector<Candidate> candidates;
+  {
+    std::shared_lock gc(gc_mu_);
+    CKPTFS_ASSIGN_OR_RETURN(auto txn, catalog_->BeginRead());
+    std::vector<ChunkId> ids;
+    CKPTFS_RETURN_IF_ERROR(txn.ForEachChunkRef(id, 0, [&](const ChunkRef& ref) {
+      ids.push_back(ref.id);
+      return true;
+    }));
+    std::unordered_map<ChunkId, bool> seen;
+    for (const ChunkId& x : ids) {
+      if (!seen.emplace(x, true).second) continue;
+      CKPTFS_ASSIGN_OR_RETURN(std::optional<ChunkRow> row, txn.GetChunk(x));
+      if (!row || !IsDelta(row->transform)) continue;
+      CKPTFS_ASSIGN_OR_RETURN(std::optional<ChunkRow> base, txn.GetChunk(row->base));
+      if (!base || IsDelta(base->transform) || base->raw_len != row->raw_len) continue;
+      CKPTFS_ASSIGN_OR_RETURN(auto promoted,
+                              txn.Get(Table::kContentMeta, PromotedKey(row->base)));
+      candidates.push_back(Candidate{x, row->base, *row, *base, promoted.has_value()});
+    }
+  }
+  for (size_t i = 0; i < candidates.size();) {
+    // 2. Encode a batch: X whole, B against X; both durable before the catalog names them.
+    // The whole records go first, the deltas after them: the next version's re-encoding
+    // replaces the wholes, and a contiguous run of dead records punches out without waste.
+    struct Encoded {
+      RecordHeader header;
+      Buffer payload;
+    };
+    std::vector<Swap> swaps;
+    std::vector<std::pair<Encoded, std::optional<Encoded>>> encoded;
+    uint64_t bytes = 0;
+    for (; i < candidates.size() && bytes < kBatchRawBytes; ++i) {
+      const Candidate& c = candidates[i];
+      Result<Buffer> x_raw = [&]() -> Result<Buffer> {
+        std::shared_lock gc(gc_mu_);
+        return reader_->Decode(c.x, c.x_row);
+      }();
+      Result<Buffer> b_raw = [&]() -> Result<Buffer> {
+        std::shared_lock gc(gc_mu_);
+        return reader_->Decode(c.b, c.b_row);
+      }();
+      if (!x_raw.ok() || !b_raw.ok()) continue;  // moved or dropped meanwhile: leave it
+      bytes += c.x_row.raw_len;
+      EncodedPiece whole = EncodePiece(*options_.codec, x_raw->bytes(), c.x_row.width, nullptr);
+      std::optional<Encoded> delta;
+      if (c.b_promoted) {  // an anchor stays whole: no need to try
+        EncodedPiece d = EncodePiece(*options_.codec, b_raw->bytes(), c.b_row.width, &*x_raw);
+        if (IsDelta(d.encoding.transform)) {
+          RecordHeader h =
+              RecordHeader::ForDelta(c.b, c.b_row.raw_len, d.encoding, c.x, d.stored.bytes());
+          delta = Encoded{h, std::move(d.stored)};
+        }
+      }
+      Buffer payload = whole.stored_raw() ? std::move(*x_raw) : std::move(whole.stored);
+      RecordHeader h = RecordHeader::For(c.x, c.x_row.raw_len, whole.encoding, payload.bytes());
+      encoded.emplace_back(Encoded{h, std::move(payload)}, std::move(delta));
+      swaps.push_back(Swap{c, ChunkRow{}, std::nullopt});
+    }
+    {
+      std::shared_lock gc(gc_mu_);
+      for (size_t k = 0; k < swaps.size(); ++k) {
+        Encoded& w = encoded[k].first;
+        CKPTFS_ASSIGN_OR_RETURN(PackLocation loc, packs_->Append(w.header, std::move(w.payload)));
+        swaps[k].x_whole = RowOf(w.header, loc);
+      }
+      for (size_t k = 0; k < swaps.size(); ++k) {
+        if (!encoded[k].second) continue;
+        Encoded& d = *encoded[k].second;
+        CKPTFS_ASSIGN_OR_RETURN(PackLocation loc,
+                                packs_->Append(d.header, std::move(d.payload), swaps[k].c.x));
+        swaps[k].b_delta = RowOf(d.header, loc);
+        swaps[k].b_delta->base = swaps[k].c.x;
+      }
+    }
+    if (swaps.empty()) continue;
+    Status synced = packs_->Sync();
+    if (options_.before_reencode_commit) options_.before_reencode_commit();
+    // 3. One transaction for the batch, under gc_mu_ exclusive (no reader between a row
+    // lookup and its record read, no writer between appending and pinning).
+    std::vector<PackLocation> dead;    // records the rows pointed at before
+    std::vector<PackLocation> unused;  // new records no row points at
+    {
+      std::unique_lock gc(gc_mu_);
+      std::lock_guard lock(mu_);
+      CKPTFS_ASSIGN_OR_RETURN(auto txn, catalog_->BeginWrite());
+      // Who decodes through whom: base -> its deltas, for the depths that change.
+      std::unordered_map<ChunkId, std::vector<ChunkId>> children;
+      std::unordered_map<ChunkId, uint8_t> depth;
+      CKPTFS_RETURN_IF_ERROR(txn.ForEachChunk([&](const ChunkId& cid, const ChunkRow& row) {
+        depth[cid] = row.depth;
+        if (IsDelta(row.transform)) children[row.base].push_back(cid);
+        return true;
+      }));
+      std::map<uint32_t, uint64_t> pack_ends;
+      uint64_t applied = 0, swapped = 0;
+      for (const Swap& s : swaps) {
+        const Candidate& c = s.c;
+        const PackLocation x_new{s.x_whole.pack_id, s.x_whole.offset, s.x_whole.length};
+        std::optional<PackLocation> b_new;
+        if (s.b_delta) b_new = PackLocation{s.b_delta->pack_id, s.b_delta->offset, s.b_delta->length};
+        if (!packs_->IsDurable(x_new) || (b_new && !packs_->IsDurable(*b_new))) {
+          return synced.ok() ? Status::IOError("a re-encoded record failed to reach disk")
+                             : synced;
+        }
+        CKPTFS_ASSIGN_OR_RETURN(std::optional<ChunkRow> x, txn.GetChunk(c.x));
+        CKPTFS_ASSIGN_OR_RETURN(std::optional<ChunkRow> b, txn.GetChunk(c.b));
+        auto same = [](const std::optional<ChunkRow>& now, const ChunkRow& then) {
+          return now && now->pack_id == then.pack_id && now->offset == then.offset &&
+                 now->length == then.length;
+        };
+        // B is read-pinned only by a writer taking it as a delta base, which would record a
+        // depth one short of the chain B joins now: leave it. X may be pinned by the next
+        // version's writer: its old record stays (gc frees it once unpinned).
+        if (!same(x, c.x_row) || !same(b, c.b_row) || x->base != c.b || pinned_.count(c.b) != 0) {
+          unused.push_back(x_new);  // gc or a writer got there first
+          if (b_new) unused.push_back(*b_new);
+          continue;
+        }
+        // B becomes a delta against X only if the re-encoder promoted it (it is not an
+        // anchor) and every chain through it stays within the bound.
+        CKPTFS_ASSIGN_OR_RETURN(auto promoted, txn.Get(Table::kContentMeta, PromotedKey(c.b)));
+        std::vector<ChunkId> below;  // everything that decodes through B, except X
+        bool fits = promoted.has_value();
+        for (std::vector<ChunkId> stack = {c.b}; fits && !stack.empty();) {
+          ChunkId at = stack.back();
+          stack.pop_back();
+          for (const ChunkId& child : children[at]) {
+            if (child == c.x) continue;
+            below.push_back(child);
+            stack.push_back(child);
+            fits = fits && depth[child] + 1 <= static_cast<int>(options_.max_delta_chain) &&
+                   below.size() < 4096;
+          }
+        }
+        // The swap keeps the store's size: symmetric deltas (B against X, X against B) come out
+        // about equal; a swap that would grow the pair by more than 1/16 is not made.
+        const uint64_t before = uint64_t{x->length} + b->length;
+        const bool swap = fits && s.b_delta &&
+                          uint64_t{s.x_whole.length} + s.b_delta->length <= before + before / 16;
+        // Without the swap, X alone is made whole: where B is an anchor or its chains are full
+        // that is the keyframe forward deltas would write too; left a delta, X would make the
+        // next version's piece a delta of a delta, and its chain would grow forward again.
+        ChunkRow new_x = s.x_whole;
+        new_x.refcount = x->refcount;
+        new_x.depth = 1;
+        --b->refcount;  // X no longer decodes through B
+        // X's old record dies now, unless a writer holds X pinned (as the next version's delta
+        // base, at the old location): then it is punched once the pin is gone.
+        const PackLocation x_old{x->pack_id, x->offset, x->length};
+        if (pinned_.count(c.x) == 0) {
+          dead.push_back(x_old);
+        } else {
+          punch_later_.emplace_back(c.x, x_old);
+        }
+        if (swap) {
+          ChunkRow new_b = *s.b_delta;
+          new_b.refcount = b->refcount;
+          new_b.depth = 2;
+          ++new_x.refcount;  // B decodes through X
+          dead.push_back(PackLocation{b->pack_id, b->offset, b->length});
+          CKPTFS_RETURN_IF_ERROR(txn.PutChunk(c.b, new_b));
+          CKPTFS_RETURN_IF_ERROR(txn.Delete(Table::kContentMeta, PromotedKey(c.b)));
+          depth[c.b] = 2;
+          ++swapped;
+          for (const ChunkId& d : below) {  // every chain through B is one record longer
+            CKPTFS_ASSIGN_OR_RETURN(std::optional<ChunkRow> row, txn.GetChunk(d));
+            if (!row) continue;
+            row->depth = static_cast<uint8_t>(depth[d] + 1);
+            depth[d] = row->depth;
+            CKPTFS_RETURN_IF_ERROR(txn.PutChunk(d, *row));
+          }
+          uint64_t& end = pack_ends[new_b.pack_id];
+          end = std::max(end, new_b.offset + new_b.length);
+        } else {
+          CKPTFS_RETURN_IF_ERROR(txn.PutChunk(c.b, *b));
+          if (b_new) unused.push_back(*b_new);
+        }
+        // Children of B keep their place in `children`; X leaves them.
+        auto& kids = children[c.b];
+        kids.erase(std::remove(kids.begin(), kids.end(), c.x), kids.end());
+        if (swap) children[c.x].push_back(c.b);
+        CKPTFS_RETURN_IF_ERROR(txn.PutChunk(c.x, new_x));
+        CKPTFS_RETURN_IF_ERROR(txn.Put(Table::kContentMeta, PromotedKey(c.x), ""));
+        depth[c.x] = 1;
+        uint64_t& end = pack_ends[new_x.pack_id];
+        end = std::max(end, new_x.offset + new_x.length);
+        ++applied;
+      }
+      for (const auto& [pack_id, end] : pack_ends) {
+        CKPTFS_ASSIGN_OR_RETURN(std::optional<PackRow> prow, txn.GetPack(pack_id));
+        CKPTFS_RETURN_IF_ERROR(
+            txn.PutPack(pack_id, PackRow{std::max(prow ? prow->committed : 0, end)}));
+      }
+      CKPTFS_RETURN_IF_ERROR(txn.Commit());
+      spdlog::debug("reverse deltas, content {}: {} of {} pieces stored whole, {} bases re-encoded",
+                    id, applied, swaps.size(), swapped);
+      pieces_reencoded_ += applied;
+      // 4. The replaced and unused records are dead: give their blocks back, adjacent ones
+      // as one range (whole blocks only).
+      dead.insert(dead.end(), unused.begin(), unused.end());
+      PunchRecords(std::move(dead));
+    }
+  }
+  return Status::OK();
+}
+
+void Store::PunchRecords(std::vector<PackLocation> dead) {
+  constexpr uint64_t kBlock = 4096;
+  std::sort(dead.begin(), dead.end(), [](const PackLocation& a, const PackLocation& b) {
+    return a.pack_id != b.pack_id ? a.pack_id < b.pack_id : a.offset < b.offset;
+  });
+  FileDescriptor fd;
+  uint32_t fd_pack = 0;
+  for (size_t i = 0; i < dead.size();) {
+    // A run of adjacent records: [from, to).
+    const uint32_t pack = dead[i].pack_id;
+    const uint64_t from = dead[i].offset;
+    uint64_t to = from + dead[i].length;
+    for (++i; i < dead.size() && dead[i].pack_id == pack && dead[i].offset == to; ++i) {
+      to += dead[i].length;
+    }
+    const uint64_t start = (from + kBlock - 1) / kBlock * kBlock;
+    const uint64_t end = to / kBlock * kBlock;
+    if (end <= start) continue;
+    if (!fd.valid() || fd_pack != pack) {
+      auto opened = OpenFile(PackPath(pack), O_WRONLY | O_CLOEXEC);
+      if (!opened.ok()) continue;  // gc punches it later
+      fd = std::move(*opened);
+      fd_pack = pack;
+    }
+    if (::fallocate(fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                    static_cast<off_t>(start), static_cast<off_t>(end - start)) != 0 &&
+        errno != EOPNOTSUPP) {
+      spdlog::info("punching replaced records in pack {}: {} (gc frees them later)", pack,
+                   std::strerror(errno));
+    }
+  }
+}
+
+}  // namespace ckptfs
