@@ -337,6 +337,18 @@ TEST(PieceCodecTest, MalformedPredictionSegmentsAreCorruption) {
   }
 }
 
+// The fp16 bit pattern of x (mantissa truncated; subnormals below 2^-14, Inf above the range),
+// without the compiler's _Float16, which not every compiler offers on x86-64.
+uint16_t ToHalf(float x) {
+  const uint32_t f = std::bit_cast<uint32_t>(x);
+  const auto sign = static_cast<uint16_t>((f >> 16) & 0x8000);
+  const float a = std::fabs(x);
+  if (a < 6.103515625e-05f) return sign | static_cast<uint16_t>(std::lround(a * 16777216.0f));
+  const int e = static_cast<int>((f >> 23) & 0xff) - 127 + 15;
+  if (e >= 31) return sign | 0x7c00;
+  return sign | static_cast<uint16_t>(e << 10) | static_cast<uint16_t>((f >> 13) & 0x3ff);
+}
+
 // Rotation (planes of fp32, bf16, fp16): fp32/bf16 weights N(0, 0.02) and fp16 weights, with
 // NaN payloads, infinities, zeros of both signs, subnormals and the largest finite values
 // sprinkled in; every length from empty to tails of each width.
@@ -358,10 +370,7 @@ Buffer SpecialWeights(uint8_t width, size_t size, uint32_t seed) {
       // bf16 (the top half of an fp32) or, on odd seeds, fp16 of the same magnitude.
       const uint32_t f = std::bit_cast<uint32_t>(w[e % w.size()]);
       uint16_t h = static_cast<uint16_t>(f >> 16);
-      if (seed % 2 == 1) {
-        const _Float16 x = static_cast<_Float16>(w[e % w.size()]);
-        std::memcpy(&h, &x, 2);
-      }
+      if (seed % 2 == 1) h = ToHalf(w[e % w.size()]);
       if (e % 17 == 5) h = kSpecials16[e / 17 % 12];
       std::memcpy(out.data() + i, &h, 2);
     }
