@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <stop_token>
@@ -90,25 +91,33 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
       std::this_thread::sleep_for(std::chrono::milliseconds(ms));
     };
   }
+  // The daemon logs into the store (rotated: ckptfs.log, then ckptfs.1.log ... ckptfs.3.log,
+  // 16 MiB each; docs/cli.md), from before the store opens where the store exists already, so
+  // that what opening it recovered after a crash (a cut pack tail, resumed re-encoding) is in
+  // the log too. A new store gets its log once Store::Open made the directory.
+  auto start_log = [&]() -> bool {
+    if (args.foreground || spdlog::get("ckptfs-daemon")) return true;
+    try {
+      auto log = spdlog::rotating_logger_mt("ckptfs-daemon", args.store + "/ckptfs.log",
+                                            kLogFileBytes, kLogFiles);
+      log->flush_on(spdlog::level::info);
+      spdlog::set_default_logger(log);
+      spdlog::set_level(spdlog::level::info);
+      return true;
+    } catch (const spdlog::spdlog_ex& e) {
+      ready.Report(std::string("cannot open the log in the store: ") + e.what());
+      return false;
+    }
+  };
+  std::error_code exists_ec;
+  if (std::filesystem::exists(args.store + "/ckptfs.json", exists_ec) && !start_log()) return 1;
   auto store = Store::Open(args.store, options);
   if (!store.ok()) {
     ready.Report(store.status().ToString());
     return 1;
   }
   const std::string codec = (*store)->options().codec->ToString();  // given, else recorded
-  if (!args.foreground) {
-    try {
-      // Rotated: ckptfs.log, then ckptfs.1.log ... ckptfs.3.log, 16 MiB each (docs/cli.md).
-      auto log = spdlog::rotating_logger_mt("ckptfs-daemon", args.store + "/ckptfs.log",
-                                            kLogFileBytes, kLogFiles);
-      log->flush_on(spdlog::level::info);
-      spdlog::set_default_logger(log);
-      spdlog::set_level(spdlog::level::info);
-    } catch (const spdlog::spdlog_ex& e) {
-      ready.Report(std::string("cannot open the log in the store: ") + e.what());
-      return 1;
-    }
-  }
+  if (!start_log()) return 1;
   // Chunk buffers are 1 MiB: by default glibc maps and unmaps each one, and every write then
   // page-faults fresh memory. Keeping them in the heap halved the daemon's CPU per GB saved
   // (scripts/bench/fs.sh: durable save 1.94x -> 1.16x native). Freed memory is reused, and the

@@ -86,7 +86,7 @@ Status Store::QueuePendingReverseDeltas() {
     }));
   }
   if (!pending.empty()) {
-    spdlog::info("{} versions' re-encoding into reverse deltas resumes", pending.size());
+    spdlog::info("re-encoding of {} files into reverse deltas resumes", pending.size());
   }
   for (ContentId id : pending) QueueReverseDeltas(id);
   return Status::OK();

@@ -47,9 +47,12 @@ class ReencodeCrashTest(unittest.TestCase):
         m.mount()
         log = os.path.join(m.store, "ckptfs.log")
 
-        def pauses():
+        def count(what):
             with open(log, errors="replace") as f:
-                return f.read().count("CKPTFS_TEST_REENCODE_PAUSE_MS: re-encoded records synced")
+                return f.read().count(what)
+
+        def pauses():
+            return count("CKPTFS_TEST_REENCODE_PAUSE_MS: re-encoded records synced")
         acknowledged = []
         for r in range(ROUNDS):
             step = self.steps[r % len(self.steps)]
@@ -61,8 +64,11 @@ class ReencodeCrashTest(unittest.TestCase):
                 before = pauses()
                 self.assertTrue(mounted.wait_until(lambda: pauses() > before, 30),
                                 "round %d: the re-encoder never reached its pause" % r)
+            cuts = count("cutting the uncommitted tail")
             m.kill_daemon()  # inside the pause: new records synced, catalog not yet changed
             m.mount()
+            if r > 0:  # the re-encoder's records were past the committed end: cut at the open
+                self.assertGreater(count("cutting the uncommitted tail"), cuts, "round %d" % r)
             for src_step, dst in acknowledged:
                 a, b = os.path.join(self.src, src_step), m.path(dst)
                 for f in sorted(os.listdir(a)):
