@@ -746,7 +746,13 @@ Result<Inode> FileSystem::SetAttr(Ino ino, const SetAttrRequest& req) {
 
 Status FileSystem::SetXattr(Ino ino, std::string_view name, std::string_view value, int flags) {
   if (name == "user.ckptfs.seal") return Seal(ino);
-  if (name == "user.ckptfs.sync") return Sync();
+  if (name == "user.ckptfs.sync") {
+    // `ckptfs sync`: durable, and settled: the background re-encoding into reverse deltas of
+    // what it made durable has finished too (what `ckptfs stats` then reports stays).
+    CKPTFS_RETURN_IF_ERROR(Sync());
+    store_->WaitReencoded();
+    return Status::OK();
+  }
   if (name == "user.ckptfs.gc") {
     // Pending commits finish first. One that failed (typically for lack of space, which is
     // why gc runs now) is logged, and must not keep gc from freeing space.

@@ -133,7 +133,7 @@ class FileSystem {
   void ReleaseDir(uint64_t dh);
 
   // Control attributes (not listed): setting user.ckptfs.seal on a version seals it, setting
-  // user.ckptfs.sync anywhere runs Sync(), user.ckptfs.gc runs Sync() then the store's Gc();
+  // user.ckptfs.sync anywhere runs Sync() and waits for the store's re-encoder, user.ckptfs.gc runs Sync() then the store's Gc();
   // user.ckptfs.sealed reads "1" or "0" for anything in a version, user.ckptfs.pid the serving
   // process, user.ckptfs.stats logical and stored bytes. The CLI's seal/sync/umount/gc use them.
   Status SetXattr(Ino ino, std::string_view name, std::string_view value, int flags);
