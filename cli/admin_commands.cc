@@ -48,6 +48,13 @@ int Verify(const std::string& target, bool as_json) {
     PrintJson(*r);
   } else {
     for (const auto& p : (*r)["problems"]) std::printf("%s\n", p.get<std::string>().c_str());
+    // Where the unreadable bytes are: restore those files from elsewhere, or forget the versions.
+    for (const auto& d : r->value("damaged", json::array())) {
+      std::printf("damaged: version %s, file %s, bytes [%llu, %llu): %s\n",
+                  d["version"].get<std::string>().c_str(), d["file"].get<std::string>().c_str(),
+                  U(d["offset"]), U(d["offset"].get<uint64_t>() + d["length"].get<uint64_t>()),
+                  d["problem"].get<std::string>().c_str());
+    }
     std::printf(
         "verify: %llu chunks, %llu contents checked: %s\n", U((*r)["chunks_checked"]),
         U((*r)["contents_checked"]),

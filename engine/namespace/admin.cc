@@ -10,6 +10,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <unordered_map>
 #include <set>
 #include <sstream>
 #include <unordered_set>
@@ -600,6 +601,36 @@ Status RemoveTree(FileSystem* fs, Ino parent, const std::string& name) {
   return fs->Rmdir(parent, name);
 }
 
+// ---- verify -------------------------------------------------------------------------------
+
+// Where the damaged chunks of `report` are: per file (path from the mount root) that holds one,
+// its version (the path's first component), the byte range and the problem.
+Result<json> DamagedFiles(Store& store, const VerifyReport& report) {
+  json out = json::array();
+  if (report.damaged.empty()) return out;
+  std::unordered_map<ChunkId, const std::string*> bad;
+  for (const auto& [id, problem] : report.damaged) bad.emplace(id, &problem);
+  CKPTFS_ASSIGN_OR_RETURN(auto txn, store.catalog().BeginRead());
+  std::vector<FileInfo> files;
+  CKPTFS_RETURN_IF_ERROR(WalkTree(txn, kRootIno, "", &files));
+  for (const FileInfo& f : files) {
+    if (!f.inode.is_reg() || f.inode.content == 0) continue;
+    const std::string version = f.path.substr(0, f.path.find('/'));
+    CKPTFS_RETURN_IF_ERROR(txn.ForEachChunkRef(f.inode.content, 0, [&](const ChunkRef& ref) {
+      auto it = bad.find(ref.id);
+      if (it != bad.end()) {
+        out.push_back({{"version", version},
+                       {"file", f.path},
+                       {"offset", ref.offset},
+                       {"length", ref.length},
+                       {"problem", *it->second}});
+      }
+      return true;
+    }));
+  }
+  return out;
+}
+
 }  // namespace
 
 Result<json> RunAdmin(Store* store, FileSystem* fs, const json& request) {
@@ -616,9 +647,11 @@ Result<json> RunAdmin(Store* store, FileSystem* fs, const json& request) {
   }
   if (cmd == "verify") {
     CKPTFS_ASSIGN_OR_RETURN(VerifyReport r, store->Verify());
+    CKPTFS_ASSIGN_OR_RETURN(json damaged, DamagedFiles(*store, r));
     return json{{"chunks_checked", r.chunks_checked},
                 {"contents_checked", r.contents_checked},
                 {"problems", r.problems},
+                {"damaged", damaged},
                 {"ok", r.ok()}};
   }
   if (cmd == "gc") {

@@ -148,6 +148,10 @@ struct VerifyReport {
   uint64_t chunks_checked = 0;
   uint64_t contents_checked = 0;
   std::vector<std::string> problems;  // each names where ("pack 000003 offset 4096: ...")
+  // The chunks whose bytes cannot be read back (damaged or missing record, wrong SHA-256, a
+  // delta whose base is gone), each with its problem: the namespace maps them to the files
+  // and byte ranges that hold them (admin.cc, `ckptfs verify`).
+  std::vector<std::pair<ChunkId, std::string>> damaged;
   bool ok() const { return problems.empty(); }
 };
 

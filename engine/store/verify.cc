@@ -89,6 +89,7 @@ Result<VerifyReport> Store::Verify() const {
       if (base == rows.end()) {
         report.problems.push_back(where + ": chunk " + id.ShortHex() + " is a delta against " +
                                   row.base.ShortHex() + ", which the catalog lacks");
+        report.damaged.emplace_back(id, report.problems.back());
         continue;
       }
       // An upper bound: gc may store a base whole again without touching the deltas above it.
@@ -104,14 +105,17 @@ Result<VerifyReport> Store::Verify() const {
     auto raw = reader_->Decode(id, row);
     if (!raw.ok()) {
       report.problems.push_back(raw.status().message());
+      report.damaged.emplace_back(id, report.problems.back());
     } else if (ChunkId::Of(raw->bytes()) != id) {
       report.problems.push_back(where + ": chunk " + id.ShortHex() +
                                 " decodes to bytes with another SHA-256");
+      report.damaged.emplace_back(id, report.problems.back());
     }
   }
   for (const auto& [id, count] : refs) {
     report.problems.push_back("chunk " + id.ShortHex() + ": referenced " + std::to_string(count) +
                               " times but missing from the catalog");
+    report.damaged.emplace_back(id, report.problems.back());
   }
   return report;
 }

@@ -41,7 +41,8 @@ SEED = int(os.environ.get("CKPTFS_POWERCUT_SEED", str(int(time.time()) % 100000)
 try:  # the snapshot phase needs torch and the ckptfs package (libckptfs_snapshot.so)
     import torch  # noqa: F401
     import ckptfs  # noqa: F401
-    SNAPSHOTS = True
+    # scripts/sanitize.sh: an instrumented libckptfs_snapshot.so cannot load into python
+    SNAPSHOTS = not os.environ.get("CKPTFS_FAULTS_NO_SNAPSHOT")
 except Exception:  # noqa: BLE001 - any import failure only drops the snapshot phase
     SNAPSHOTS = False
 

@@ -1,0 +1,161 @@
+#!/usr/bin/python3
+"""Single-byte flip sweeps of the packs and of the catalog (issue 15).
+
+A store holds two versions (random and compressible files, so raw and lz4 records). Then, one
+flip at a time (xor 0x10, undone before the next):
+  - packs: offsets spread evenly over every pack (a random one in each stride). A flip inside
+    a committed record must be found by `ckptfs verify` (exit 1), and its "damaged" list must
+    name the version, file and byte range holding the record; `ckptfs restore` of every version
+    must then fail or give the exact bytes, never other bytes. A flip outside every record (pack
+    header, tail past the committed length) may go unnoticed, but the bytes must still restore.
+  - catalog (LMDB data.mdb): offsets spread evenly over the file. verify may find the flip (exit
+    1, or the store refusing to open), or not; either way restore gives the exact bytes or fails.
+Silent corruption (exact bytes not restored yet no error) fails the test, as does a verify or
+restore killed by a signal.
+
+    CKPTFS_FLIPS_PACK=N (default 24)  CKPTFS_FLIPS_CATALOG=N (default 16)  CKPTFS_FLIPS_SEED=S
+scripts/faults.sh flips N runs N of each.
+"""
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import mounted  # noqa: E402
+from mounted import MiB  # noqa: E402
+
+PACK_FLIPS = int(os.environ.get("CKPTFS_FLIPS_PACK", "24"))
+CATALOG_FLIPS = int(os.environ.get("CKPTFS_FLIPS_CATALOG", "16"))
+SEED = int(os.environ.get("CKPTFS_FLIPS_SEED", str(int(time.time()) % 100000)))
+PACK_HEADER_BYTES = 32  # engine/store/record.h kPackHeaderBytes
+
+
+def compressible(rng, n):
+    """Bytes lz4 shrinks: 64-byte blocks of 16 random bytes and zeros."""
+    out = bytearray(n)
+    for at in range(0, n, 64):
+        out[at:at + 16] = rng.randbytes(min(16, n - at))
+    return bytes(out)
+
+
+def flip(path, offset):
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0x10]))
+
+
+def spread(rng, size, n, start=0):
+    """n offsets in [start, size): one at random in each of n equal strides."""
+    stride = max(1, (size - start) // n)
+    return [min(size - 1, start + i * stride + rng.randrange(stride)) for i in range(n)]
+
+
+class FlipTest(unittest.TestCase):
+    def setUp(self):
+        self.rng = random.Random(SEED)
+        self.m = mounted.Mount("flips", ["--seal-after", "0"])
+        self.addCleanup(self.m.close)
+        self.m.mount()
+        self.files = {}  # "version/file" -> bytes
+        for v, seed in (("v1", 1), ("v2", 2)):
+            os.mkdir(self.m.path(v))
+            r = random.Random(SEED * 10 + seed)
+            for name, data in (("model.pt", r.randbytes(5 * MiB + 17)),
+                               ("optim.pt", compressible(r, 3 * MiB))):
+                mounted.write_file(self.m.path(v, name), data)
+                self.files[v + "/" + name] = data
+        self.m.umount()
+        self.store = self.m.store
+        self.scratch = tempfile.mkdtemp(prefix="flips-", dir=mounted.root_dir())
+        p = mounted.ckptfs("verify", "--json", self.store)
+        self.assertTrue(json.loads(p.stdout)["ok"])
+
+    def verify(self):
+        p = mounted.ckptfs("verify", "--json", self.store, check=False)
+        self.assertGreaterEqual(p.returncode, 0, "verify killed by a signal: " + p.stderr)
+        try:
+            return p.returncode, json.loads(p.stdout)
+        except ValueError:
+            return p.returncode, None  # the store did not open: an error message, exit 1
+
+    def restore_all(self):
+        """version -> True (exact bytes), False (restore failed). Fails on wrong bytes."""
+        out = {}
+        for v in ("v1", "v2"):
+            dest = os.path.join(self.scratch, v)
+            shutil.rmtree(dest, ignore_errors=True)
+            p = mounted.ckptfs("restore", self.store, v, dest, check=False)
+            self.assertGreaterEqual(p.returncode, 0, "restore killed by a signal: " + p.stderr)
+            if p.returncode != 0:
+                out[v] = False
+                continue
+            for rel, data in self.files.items():
+                if rel.startswith(v + "/"):
+                    got = mounted.read_file(os.path.join(dest, rel[len(v) + 1:]))
+                    self.assertEqual(got, data, "SILENT corruption: %s restored other bytes" % rel)
+            out[v] = True
+        return out
+
+    def test_flip_sweeps(self):
+        print("seed %d: %d pack flips, %d catalog flips" % (SEED, PACK_FLIPS, CATALOG_FLIPS),
+              file=sys.stderr)
+        packs = sorted(os.path.join(self.store, "packs", n)
+                       for n in os.listdir(os.path.join(self.store, "packs")))
+        total = sum(os.path.getsize(p) for p in packs)
+        counts = {"pack_flips": 0, "pack_detected": 0, "pack_named": 0, "pack_unnoticed": 0,
+                  "catalog_flips": 0, "catalog_detected": 0, "catalog_unnoticed": 0}
+        for p in packs:
+            size = os.path.getsize(p)
+            n = max(1, round(PACK_FLIPS * size / total))
+            for at in spread(self.rng, size, n):
+                flip(p, at)
+                try:
+                    rc, report = self.verify()
+                    restored = self.restore_all()
+                finally:
+                    flip(p, at)
+                counts["pack_flips"] += 1
+                where = "%s offset %d" % (os.path.basename(p), at)
+                if rc == 0:
+                    # Unnoticed: only outside every record, and every version restored exactly.
+                    counts["pack_unnoticed"] += 1
+                    self.assertTrue(all(restored.values()), where + ": restore failed, verify clean")
+                    self.assertLess(at, PACK_HEADER_BYTES,
+                                    where + ": a flip inside the records went unnoticed")
+                    continue
+                counts["pack_detected"] += 1
+                self.assertIsNotNone(report, where)
+                named = report.get("damaged", [])
+                self.assertTrue(named, where + ": verify names no file: %s" % report["problems"])
+                for d in named:
+                    self.assertIn(d["file"], self.files, where)
+                    self.assertEqual(d["version"], d["file"].split("/")[0], where)
+                    self.assertLessEqual(d["offset"] + d["length"], len(self.files[d["file"]]))
+                    self.assertIn(os.path.basename(p)[:-len(".pack")], d["problem"], where)
+                    self.assertFalse(restored[d["version"]],
+                                     where + ": %s restored despite the damage" % d["file"])
+                counts["pack_named"] += 1
+        catalog = os.path.join(self.store, "catalog", "data.mdb")
+        self.assertTrue(os.path.exists(catalog), catalog)
+        for at in spread(self.rng, os.path.getsize(catalog), CATALOG_FLIPS):
+            flip(catalog, at)
+            try:
+                rc, _ = self.verify()
+                self.restore_all()  # fails the test on wrong bytes
+            finally:
+                flip(catalog, at)
+            counts["catalog_flips"] += 1
+            counts["catalog_detected" if rc != 0 else "catalog_unnoticed"] += 1
+        self.assertEqual(self.verify()[0], 0, "the store is clean once every flip is undone")
+        print("FLIPS SUMMARY " + json.dumps(counts), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    mounted.main()
