@@ -75,6 +75,10 @@ void RaiseReadahead(const std::string& mountpoint) {
 }
 
 int Serve(const MountArgs& args, ReadyPipe ready) {
+  // What the daemon creates in the store (log, packs, catalog) is its user's alone
+  // (docs/threat-model.md); the modes of files created through the mount come from the kernel.
+  ::umask(077);
+
   StoreOptions options;
   options.create_if_missing = args.create;
   options.codec = args.codec;

@@ -4,21 +4,25 @@
 #             unsynced writes and directory entries at each simulated power cut
 #   kill9     tests/fs/test_kill9.py: kill -9 of the daemon in every phase (save, fsync, sync,
 #             seal, rm -rf, gc, forget, snapshot adoption)
+#   flips     tests/fs/test_flips.py: ROUNDS single-byte flips spread over the packs and as
+#             many over the catalog
 # After every fault the store must open, every acknowledged file read back bitwise and
-# `ckptfs verify` be clean. CTest runs short forms (fs_powercut, fs_kill9).
+# `ckptfs verify` be clean (flips: found and named, or harmless; never other bytes). CTest runs
+# short forms (fs_powercut, fs_kill9, fs_flips).
 #
-# Usage: scripts/faults.sh powercut|kill9 [ROUNDS] [SEED] [BUILD_DIR]
+# Usage: scripts/faults.sh powercut|kill9|flips [ROUNDS] [SEED] [BUILD_DIR]
 #        ROUNDS default 200; SEED default from the clock (printed; rerun a failure with it);
 #        BUILD_DIR default build (it must hold ckptfs, powercut_fs, libckptfs_snapshot.so:
 #        cmake --build BUILD_DIR). Needs root and /dev/fuse; torch for the snapshot phase.
-# Prints one summary line: POWERCUT SUMMARY {...} or KILL9 SUMMARY {...}.
+# Prints one summary line: POWERCUT SUMMARY, KILL9 SUMMARY or FLIPS SUMMARY {...}.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 kind="${1:-}"
 case "$kind" in
   powercut) var=CKPTFS_POWERCUT ;;
   kill9) var=CKPTFS_KILL9 ;;
-  *) echo "usage: scripts/faults.sh powercut|kill9 [ROUNDS] [SEED] [BUILD_DIR]" >&2; exit 2 ;;
+  flips) var=CKPTFS_FLIPS ;;
+  *) echo "usage: scripts/faults.sh powercut|kill9|flips [ROUNDS] [SEED] [BUILD_DIR]" >&2; exit 2 ;;
 esac
 rounds="${2:-200}"
 seed="${3:-$(( $(date +%s) % 100000 ))}"
@@ -32,4 +36,5 @@ done
 env CKPTFS="$build/ckptfs" POWERCUT_FS="$build/powercut_fs" \
   CKPTFS_SNAPSHOT_LIB="$build/libckptfs_snapshot.so" \
   "${var}_ROUNDS=$rounds" "${var}_SEED=$seed" PYTHONDONTWRITEBYTECODE=1 \
+  CKPTFS_FLIPS_PACK="$rounds" CKPTFS_FLIPS_CATALOG="$rounds" \
   /usr/bin/python3 "tests/fs/test_$kind.py"

@@ -147,9 +147,14 @@ void ControlServer::AcceptLoop() {
     conn->fd = FileDescriptor(fd);
     ucred cred{};
     socklen_t len = sizeof(cred);
-    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
-      conn->peer = Caller{cred.uid, cred.gid};
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 ||
+        (cred.uid != ::geteuid() && cred.uid != 0)) {
+      // Only the daemon's user (and root) may talk to it, whatever the socket's mode.
+      spdlog::warn("control socket: refused a connection from uid {} (pid {}): only uid {} may "
+                   "connect", cred.uid, cred.pid, ::geteuid());
+      continue;  // conn's destructor closes fd
     }
+    conn->peer = Caller{cred.uid, cred.gid};
     std::lock_guard lock(mu_);
     if (stopping_) return;
     conns_.insert(conn);

@@ -34,7 +34,7 @@ Result<std::pair<uint32_t, std::filesystem::path>> Store::CreateExternalPack(uin
                                                                              uint32_t gid) {
   const uint32_t id = packs_->ReserveId();
   const auto path = PackPath(id);
-  CKPTFS_ASSIGN_OR_RETURN(FileDescriptor fd, OpenFile(path, O_WRONLY | O_CREAT | O_EXCL, 0644));
+  CKPTFS_ASSIGN_OR_RETURN(FileDescriptor fd, OpenFile(path, O_WRONLY | O_CREAT | O_EXCL, 0600));
   std::byte header[kPackHeaderBytes];
   EncodePackHeader(id, header);
   Status s = PWriteFull(fd.get(), 0, {header, kPackHeaderBytes}, path);

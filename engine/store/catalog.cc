@@ -145,7 +145,7 @@ Result<std::unique_ptr<Catalog>> Catalog::Open(const std::filesystem::path& dir,
   if (rc == 0) rc = mdb_env_set_mapsize(c->env_, kMapSize);
   if (rc == 0) rc = mdb_env_set_maxdbs(c->env_, 32);
   if (rc == 0) rc = mdb_env_set_maxreaders(c->env_, 1024);
-  if (rc == 0) rc = mdb_env_open(c->env_, dir.c_str(), MDB_NOTLS, 0644);
+  if (rc == 0) rc = mdb_env_open(c->env_, dir.c_str(), MDB_NOTLS, 0600);
   if (rc != 0) return LmdbError(rc, "open " + dir.string());
   MDB_txn* txn = nullptr;
   rc = mdb_txn_begin(c->env_, nullptr, 0, &txn);

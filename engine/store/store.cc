@@ -177,6 +177,13 @@ Result<std::unique_ptr<Store>> Store::Open(const std::filesystem::path& dir,
   if (!exists) {
     std::filesystem::create_directories(dir / "packs", ec);
     if (ec) return Status::IOError("create store " + dir.string() + ": " + ec.message());
+    // Private to its owner (docs/threat-model.md): nothing below a 0700 directory can be
+    // reached by other users, whatever the modes of the files in it.
+    for (const auto& d : {dir, dir / "packs"}) {
+      std::filesystem::permissions(d, std::filesystem::perms::owner_all,
+                                   std::filesystem::perm_options::replace, ec);
+      if (ec) return Status::IOError("chmod 0700 " + d.string() + ": " + ec.message());
+    }
   }
   std::unique_ptr<Store> store(new Store(dir, options));
   CKPTFS_ASSIGN_OR_RETURN(store->lock_fd_, OpenFile(dir / "LOCK", O_RDWR | O_CREAT));

@@ -36,7 +36,7 @@ class FileDescriptor {
   int fd_ = -1;
 };
 
-Result<FileDescriptor> OpenFile(const std::filesystem::path& path, int flags, int mode = 0644);
+Result<FileDescriptor> OpenFile(const std::filesystem::path& path, int flags, int mode = 0600);
 // Reads exactly out.size() bytes at offset; a short file is Corruption ("truncated").
 Status PReadFull(int fd, uint64_t offset, MutableBytes out, const std::filesystem::path& path);
 Status PWriteFull(int fd, uint64_t offset, Bytes data, const std::filesystem::path& path);
