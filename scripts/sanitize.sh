@@ -10,9 +10,11 @@
 #   tsan  build-tsan/: ThreadSanitizer, on the concurrency tests (committer, ingester, worker
 #         pool, chunk reader, host ring, the engine's concurrent writers/readers/gc, and
 #         tests/fs/test_concurrency.py against a TSan daemon).
+#   threads  scripts/thread_safety.sh: clang -Wthread-safety -Werror over every translation
+#         unit (the annotated Mutex of engine/util/mutex.h).
 # Any sanitizer report fails the run; the reports are kept in build-sanitize-logs/.
 #
-# Usage: scripts/sanitize.sh [asan|tsan|all] [JOBS]    (default all, JOBS 2)
+# Usage: scripts/sanitize.sh [asan|tsan|threads|all] [JOBS]    (default all, JOBS 2)
 # Slow: each build compiles the tree from scratch (ccache helps on reruns).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,6 +44,9 @@ check_logs() {  # NAME: fails when a sanitizer wrote a report
 }
 
 status=0
+if [ "$what" = threads ] || [ "$what" = all ]; then
+  scripts/thread_safety.sh "$jobs" || status=1
+fi
 if [ "$what" = asan ] || [ "$what" = all ]; then
   build build-asan "-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
   rm -rf "$logs" && mkdir -p "$logs"

@@ -11,7 +11,6 @@ namespace ckptfs {
 namespace {
 
 constexpr size_t kMapSize = size_t{1} << 40;  // address space only; the file grows as used
-constexpr uint8_t kRowVersion = 1;
 
 Status LmdbError(int rc, std::string_view what) {
   std::string msg = "catalog " + std::string(what) + ": " + mdb_strerror(rc);

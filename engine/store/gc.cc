@@ -200,7 +200,8 @@ Status Store::RematerializeOrphanedDeltas(GcReport* report) {
     uint64_t bytes = 0;
     for (; i < todo.size() && bytes < kBatchRawBytes; ++i) {
       const auto& [id, row] = todo[i];
-      Result<Buffer> raw = [&]() -> Result<Buffer> {
+      // Bindings are captured through init-captures (clang 14 cannot capture them directly).
+      Result<Buffer> raw = [&, &id = id, &row = row]() -> Result<Buffer> {
         std::shared_lock gc(gc_mu_);
         return reader_->Decode(id, row);
       }();

@@ -612,7 +612,8 @@ void Store::Prefetch(ContentId id, uint64_t offset, uint64_t length, WorkerPool:
   }
   for (const auto& [chunk, row, end] : todo) {
     pool_->Submit(
-        [this, chunk, row, end, mode, consumed] {
+        // Init-captures: clang 14 cannot capture structured bindings directly.
+        [this, chunk = chunk, row = row, end = end, mode, consumed] {
           if (consumed && end <= consumed->load(std::memory_order_relaxed)) return;
           std::shared_lock gc(gc_mu_);  // the row's location is valid while gc cannot move it
           (void)reader_->Load(chunk, row, mode);  // errors surface when the data is really read

@@ -22,7 +22,8 @@ Result<VerifyReport> Store::Verify() const {
   for (const auto& [id, row] : contents) {
     ++report.contents_checked;
     uint64_t expected = 0, count = 0;
-    CKPTFS_RETURN_IF_ERROR(txn.ForEachChunkRef(id, 0, [&](const ChunkRef& ref) {
+    // id through an init-capture: clang 14 cannot capture a structured binding.
+    CKPTFS_RETURN_IF_ERROR(txn.ForEachChunkRef(id, 0, [&, id = id](const ChunkRef& ref) {
       if (ref.offset != expected) {
         report.problems.push_back("content " + std::to_string(id) + ": chunk at offset " +
                                   std::to_string(ref.offset) + " leaves a gap or overlap");

@@ -11,34 +11,35 @@ WorkerPool::WorkerPool(int threads) {
 
 WorkerPool::~WorkerPool() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   for (auto& t : threads_) t.join();
 }
 
 void WorkerPool::Submit(std::function<void()> task, Priority priority) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     queues_[static_cast<int>(priority)].push_back(std::move(task));
   }
-  cv_.notify_one();
+  cv_.NotifyOne();
+}
+
+std::deque<std::function<void()>>* WorkerPool::NextQueue() {
+  for (auto& q : queues_) {
+    if (!q.empty()) return &q;
+  }
+  return nullptr;
 }
 
 void WorkerPool::Run() {
   for (;;) {
     std::function<void()> task;
     {
-      std::unique_lock lock(mu_);
-      auto next = [&]() -> std::deque<std::function<void()>>* {
-        for (auto& q : queues_) {
-          if (!q.empty()) return &q;
-        }
-        return nullptr;
-      };
-      cv_.wait(lock, [&] { return stopping_ || next() != nullptr; });
-      std::deque<std::function<void()>>* q = next();
+      MutexLock lock(mu_);
+      while (!stopping_ && NextQueue() == nullptr) cv_.Wait(lock);
+      std::deque<std::function<void()>>* q = NextQueue();
       if (q == nullptr) return;  // stopping and drained
       task = std::move(q->front());
       q->pop_front();
@@ -48,27 +49,27 @@ void WorkerPool::Run() {
 }
 
 void ByteBudget::Acquire(size_t n) {
-  std::unique_lock lock(mu_);
-  cv_.wait(lock, [&] { return used_ == 0 || used_ + n <= capacity_; });
+  MutexLock lock(mu_);
+  while (used_ != 0 && used_ + n > capacity_) cv_.Wait(lock);
   used_ += n;
   peak_ = std::max(peak_, used_);
 }
 
 void ByteBudget::Release(size_t n) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     used_ -= n;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 size_t ByteBudget::used() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return used_;
 }
 
 size_t ByteBudget::peak() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return peak_;
 }
 

@@ -11,14 +11,14 @@
 // destructor runs every queued task, then joins. Tasks must not throw.
 #pragma once
 
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <vector>
+
+#include "engine/util/mutex.h"
 
 namespace ckptfs {
 
@@ -36,11 +36,13 @@ class WorkerPool {
   int size() const { return static_cast<int>(threads_.size()); }
 
  private:
-  void Run();
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queues_[3];  // GUARDED_BY(mu_): by Priority
-  bool stopping_ = false;                        // GUARDED_BY(mu_)
+  void Run() EXCLUDES(mu_);
+  // The first non-empty queue by priority, or nullptr.
+  std::deque<std::function<void()>>* NextQueue() REQUIRES(mu_);
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<std::function<void()>> queues_[3] GUARDED_BY(mu_);  // by Priority
+  bool stopping_ GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
 };
 
@@ -58,10 +60,10 @@ class ByteBudget {
 
  private:
   const size_t capacity_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  size_t used_ = 0;  // GUARDED_BY(mu_)
-  size_t peak_ = 0;  // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  CondVar cv_;
+  size_t used_ GUARDED_BY(mu_) = 0;
+  size_t peak_ GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace ckptfs
