@@ -48,10 +48,10 @@ def request(path):
         s.settimeout(20)
         s.connect(path)
         body = b'{"op": "status"}'
-        s.sendall(struct.pack("<I", len(body)) + body)
-        try:
+        try:  # a refused connection may be closed before the request is even sent
+            s.sendall(struct.pack("<I", len(body)) + body)
             return s.recv(64)
-        except ConnectionResetError:
+        except (BrokenPipeError, ConnectionResetError):
             return b""
 
 
