@@ -5,14 +5,13 @@
 # engine/util/mutex.h (GUARDED_BY, REQUIRES, ...); members still annotated in comments only
 # (`// GUARDED_BY(mu_)`) are not checked yet. scripts/sanitize.sh runs this too.
 #
-# Usage: scripts/thread_safety.sh [JOBS]     (default 2; configures build-tsa/ once)
+# Usage: scripts/thread_safety.sh [JOBS]     (default 2; configures build-tsa/)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs="${1:-2}"
-if [ ! -f build-tsa/compile_commands.json ]; then
-  CC=clang-14 CXX=clang++-14 cmake -S . -B build-tsa -DCMAKE_BUILD_TYPE=Debug \
-    -DCMAKE_EXPORT_COMPILE_COMMANDS=ON >/dev/null
-fi
+# Configured every time (quick), so that new sources are in compile_commands.json.
+CC=clang-14 CXX=clang++-14 cmake -S . -B build-tsa -DCMAKE_BUILD_TYPE=Debug \
+  -DCMAKE_EXPORT_COMPILE_COMMANDS=ON >/dev/null
 /usr/bin/python3 - "$jobs" <<'PY'
 import concurrent.futures, json, shlex, subprocess, sys
 jobs = int(sys.argv[1])
