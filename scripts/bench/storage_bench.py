@@ -24,7 +24,7 @@ trajectory, versions in step order:
            the compressed sizes. No dedup between versions: the baseline of "just compress it".
   restic   `restic backup` of the version directory into ONE repository per trajectory
            (restic's defaults: content-defined chunking, repository v2, compression auto);
-           growth of the repository's bytes (du -sb: packs, index, snapshot). restic draws its
+           growth of the repository's bytes (du -s -B1, allocated: packs, index, snapshot). restic draws its
            chunker polynomial at random per repository, so its numbers vary a little per run.
   borg     `borg create --compression zstd,3` into ONE repository per trajectory (--encryption
            none; borg's default chunker, buzhash 512 KiB .. 8 MiB, ~2 MiB average); growth of the
@@ -90,7 +90,9 @@ def tree_bytes(path):
 
 
 def du_b(path):
-    return int(run(["du", "-sb", path]).split()[0])
+    """Bytes the tree takes on disk (allocated blocks: holes, e.g. the records ckptfs punches
+    out of its packs once re-encoded, take none), the same measure for every tool."""
+    return int(run(["du", "-s", "-B1", path]).split()[0])
 
 
 def med(xs):
@@ -169,7 +171,10 @@ def parse_stats(text):
 def pack_bytes(args, where, store):
     st = parse_stats(run([args.bin, "stats", where]))
     packs = os.path.join(store, "packs")
-    files = sum(os.path.getsize(os.path.join(packs, f)) for f in os.listdir(packs)) \
+    def on_disk(p):  # the file's length, less its holes (as the store counts pack bytes)
+        st = os.stat(p)
+        return min(st.st_size, st.st_blocks * 512)
+    files = sum(on_disk(os.path.join(packs, f)) for f in os.listdir(packs)) \
         if os.path.isdir(packs) else 0
     return int(st.get("pack bytes", -1)), files
 
@@ -373,7 +378,7 @@ def table(results, args):
                   f"{a['ckptfs'] / a['zstd']:.3f} | {a['t_ckptfs']:.2f} / {a['t_cp']:.2f} / "
                   f"{a['t_zstd']:.2f} | {a['t_ckptfs'] / a['t_cp']:.2f}x | "
                   f"{a['t_ckptfs'] / a['t_zstd']:.2f}x |")
-    print("\nWhole stores after the last version, du -sb (/raw of all versions): the ckptfs "
+    print("\nWhole stores after the last version, du -s -B1 (allocated bytes; /raw of all versions): the ckptfs "
           "store is packs + LMDB catalog + small files, after umount; the restic and borg "
           "repositories include their indexes and snapshots.")
     print("\n| trajectory | raw MB | ckptfs store MB | of which catalog MB | restic repo MB | "
