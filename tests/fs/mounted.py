@@ -153,6 +153,23 @@ _root = None
 _guard_pipe = None
 
 
+def ci_trajectory(test_class, prefix):
+    """Generates the real fp32 training trajectory of scripts/gen_trajectory.py --size ci
+    (model + Adam, DeepSpeed layout) under a temporary directory removed after the class;
+    returns (its directory, its global_stepN names in step order)."""
+    root = tempfile.mkdtemp(prefix=prefix, dir=root_dir())
+    test_class.addClassCleanup(shutil.rmtree, root, True)
+    out = os.path.join(root, "data")
+    source = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    subprocess.run(["/usr/bin/python3", os.path.join(source, "scripts", "gen_trajectory.py"),
+                    "--out", out, "--size", "ci", "--trajectories", "fp32"], check=True,
+                   stdout=subprocess.DEVNULL, timeout=600)
+    src = os.path.join(out, "fp32")
+    steps = sorted((d for d in os.listdir(src) if d.startswith("global_step")),
+                   key=lambda d: int(d[len("global_step"):]))
+    return src, steps
+
+
 def root_dir():
     """This process's temporary root (created on first use, guarded, removed at exit)."""
     global _root, _guard_pipe

@@ -18,21 +18,13 @@ bitwise, also after a remount; `ckptfs verify` is clean.
 import filecmp
 import os
 import shutil
-import subprocess
 import sys
-import tempfile
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mounted  # noqa: E402
 
-SOURCE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LIGHTNING_DIR = os.path.join("lightning_logs", "version_0", "checkpoints")
-
-
-def steps(trajectory_dir):
-    names = [d for d in os.listdir(trajectory_dir) if d.startswith("global_step")]
-    return sorted(names, key=lambda d: int(d[len("global_step"):]))
 
 
 def checkpoint_files(version_dir):
@@ -42,14 +34,7 @@ def checkpoint_files(version_dir):
 class LayoutReferenceTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.root = tempfile.mkdtemp(prefix="layoutref-", dir=mounted.root_dir())
-        cls.addClassCleanup(shutil.rmtree, cls.root, True)
-        out = os.path.join(cls.root, "data")
-        subprocess.run(["/usr/bin/python3", os.path.join(SOURCE, "scripts", "gen_trajectory.py"),
-                        "--out", out, "--size", "ci", "--trajectories", "fp32"], check=True,
-                       stdout=subprocess.DEVNULL, timeout=600)
-        cls.src = os.path.join(out, "fp32")
-        cls.steps = steps(cls.src)
+        cls.src, cls.steps = mounted.ci_trajectory(cls, "layoutref-")
 
     def save(self, name, layout, options):
         """Saves every checkpoint in order through a fresh mount; returns (mount, saved paths)."""
