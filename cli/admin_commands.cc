@@ -101,10 +101,27 @@ int Stats(const std::string& target, bool as_json) {
       {"delta chunks", "delta_chunks"},
       {"longest chain", "longest_chain"},
       {"pack read bytes", "pack_read_bytes"},
-      {"pack reads", "pack_reads"}};
+      {"pack reads", "pack_reads"},
+      {"cache hits", "cache_hits"},
+      {"cache misses", "cache_misses"},
+      {"prefetch loads", "prefetch_loads"}};
   for (const auto& [label, key] : kLines) std::printf("%-15s %llu\n", label, U((*r)[key]));
   if (U((*r)["logical_bytes"]) > 0) {
     std::printf("stored/logical %.4f\n", (*r)["stored_over_logical"].get<double>());
+  }
+  const json& d = (*r)["daemon"];
+  if (d.is_null()) return kExitOk;  // offline: no daemon, nothing it counts
+  std::printf("bytes written   %llu\nbytes read      %llu\n", U(d["bytes_written"]),
+              U(d["bytes_read"]));
+  for (const char* op : {"read", "write", "fsync"}) {
+    const json& l = d["latency"][op];
+    std::printf("%-5s latency   %llu calls, p50 %.1f us, p99 %.1f us\n", op, U(l["count"]),
+                l["p50_us"].get<double>(), l["p99_us"].get<double>());
+  }
+  std::printf("queued commits  %llu\npending bytes   %llu\n", U(d["queued_commits"]),
+              U(d["pending_bytes"]));
+  for (const auto& [role, seconds] : d["cpu_seconds"].items()) {
+    std::printf("cpu %-11s %.2f s\n", role.c_str(), seconds.get<double>());
   }
   return kExitOk;
 }
@@ -271,6 +288,8 @@ int ShowStatus(bool as_json) {
                 HumanBytes(U(d["inflight_bytes"])).c_str(),
                 HumanBytes(U(d["inflight_peak_bytes"])).c_str(),
                 HumanBytes(U(d["pack_read_bytes"])).c_str(), U(d["pack_reads"]));
+    std::printf("  commits queued %llu; pending durability %s\n", U(d["queued_commits"]),
+                HumanBytes(U(d["pending_bytes"])).c_str());
   }
   return kExitOk;
 }

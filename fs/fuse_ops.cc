@@ -162,9 +162,12 @@ void OnRename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t ne
 
 // Every change to a file's bytes comes through this mount, so the kernel's page cache is
 // never stale: keep it across opens for all files (sealed ones in particular). docs/fs.md.
-void SetOpenFlags(FileSystem&, fuse_ino_t, fuse_file_info* fi, uint64_t fh) {
+// Files generated at open (.ckptfs/stats) bypass the page cache: their size is not known.
+void SetOpenFlags(FileSystem& fs, fuse_ino_t ino, fuse_file_info* fi, uint64_t fh) {
   fi->fh = fh;
-  fi->keep_cache = 1;
+  const bool generated = fs.IsGeneratedFile(ino);
+  fi->keep_cache = generated ? 0 : 1;
+  fi->direct_io = generated ? 1 : 0;
 }
 
 void OnCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,

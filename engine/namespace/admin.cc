@@ -18,6 +18,7 @@
 #include "engine/format/dtype.h"
 #include "engine/namespace/file_versions.h"
 #include "engine/namespace/inode.h"
+#include "engine/util/thread_role.h"
 #include "engine/views/convert.h"
 #include "engine/views/tensor_view.h"
 
@@ -313,7 +314,16 @@ json StatsOf(const Store& store, const StoreStats& st) {
                                                              static_cast<double>(st.logical_bytes)
                                                        : 0.0},
           {"pack_read_bytes", store.pack_read_bytes()},
-          {"pack_reads", store.pack_reads()}};
+          {"pack_reads", store.pack_reads()},
+          {"cache_hits", store.cache_hits()},
+          {"cache_misses", store.cache_misses()},
+          {"prefetch_loads", store.prefetch_loads()}};
+}
+
+json LatencyOf(const LatencyHistogram& h) {
+  return {{"count", h.count()},
+          {"p50_us", static_cast<double>(h.Percentile(0.50)) / 1e3},
+          {"p99_us", static_cast<double>(h.Percentile(0.99)) / 1e3}};
 }
 
 // Seconds since this process started (from /proc/self/stat and /proc/uptime).
@@ -643,7 +653,26 @@ Result<json> RunAdmin(Store* store, FileSystem* fs, const json& request) {
   if (cmd == "diff") return Diff(store, request);
   if (cmd == "stats") {
     CKPTFS_ASSIGN_OR_RETURN(StoreStats st, store->Stats());
-    return StatsOf(*store, st);
+    json out = StatsOf(*store, st);
+    out["daemon"] = nullptr;
+    if (fs != nullptr) {  // served by a mount: what the daemon counted since it started
+      const FsMetrics& m = fs->metrics();
+      const FileSystem::Backlog backlog = fs->WriteBacklog();
+      json cpu = json::object();
+      for (const auto& [role, seconds] : CpuByRole()) cpu[role] = seconds;
+      out["daemon"] = {{"pid", ::getpid()},
+                       {"uptime_seconds", ProcessUptimeSeconds()},
+                       {"bytes_written", m.bytes_written.load()},
+                       {"bytes_read", m.bytes_read.load()},
+                       {"latency",
+                        {{"read", LatencyOf(m.read)},
+                         {"write", LatencyOf(m.write)},
+                         {"fsync", LatencyOf(m.fsync)}}},
+                       {"cpu_seconds", cpu},
+                       {"queued_commits", backlog.queued_commits},
+                       {"pending_bytes", backlog.pending_bytes}};
+    }
+    return out;
   }
   if (cmd == "verify") {
     CKPTFS_ASSIGN_OR_RETURN(VerifyReport r, store->Verify());
@@ -676,6 +705,12 @@ Result<json> RunAdmin(Store* store, FileSystem* fs, const json& request) {
   }
   if (cmd == "status") {
     const StoreOptions& o = store->options();
+    json queued, pending;  // null offline: no write queue without a daemon
+    if (fs != nullptr) {
+      const FileSystem::Backlog backlog = fs->WriteBacklog();
+      queued = backlog.queued_commits;
+      pending = backlog.pending_bytes;
+    }
     return json{{"pid", ::getpid()},
                 {"store", store->dir().string()},
                 {"uptime_seconds", ProcessUptimeSeconds()},
@@ -685,7 +720,9 @@ Result<json> RunAdmin(Store* store, FileSystem* fs, const json& request) {
                 {"inflight_peak_bytes", store->inflight_peak_bytes()},
                 {"delta_chain", o.max_delta_chain},
                 {"pack_read_bytes", store->pack_read_bytes()},
-                {"pack_reads", store->pack_reads()}};
+                {"pack_reads", store->pack_reads()},
+                {"queued_commits", queued},
+                {"pending_bytes", pending}};
   }
   if (cmd == "remove_version") {
     if (fs == nullptr) return Status::InvalidArgument("remove_version needs the namespace");

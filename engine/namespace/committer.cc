@@ -1,9 +1,14 @@
 #include "engine/namespace/committer.h"
 
+#include "engine/util/thread_role.h"
+
 namespace ckptfs {
 
 Committer::Committer(ReleasedFn on_released)
-    : on_released_(std::move(on_released)), thread_([this] { Run(); }) {}
+    : on_released_(std::move(on_released)), thread_([this] {
+        SetThreadRole("commit");
+        Run();
+      }) {}
 
 Committer::~Committer() {
   {
@@ -28,6 +33,7 @@ Status Committer::Enqueue(Request request, bool wait) {
   }
   {
     std::lock_guard lock(mu_);
+    if (request.file) depth_.fetch_add(1, std::memory_order_relaxed);
     queue_.push_back(std::move(request));
   }
   cv_.notify_all();
@@ -49,6 +55,7 @@ void Committer::Run() {
     if (req.file) {
       s = req.file->Commit();
       if (req.release && on_released_) on_released_(req.file);
+      depth_.fetch_sub(1, std::memory_order_relaxed);
     }
     if (!s.ok() && failed_since_barrier.ok()) failed_since_barrier = s;
     if (!req.file) {

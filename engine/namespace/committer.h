@@ -16,6 +16,7 @@
 // queued, then joins.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -40,6 +41,8 @@ class Committer {
   Status Commit(std::shared_ptr<OpenInode> file, bool release, bool wait);
   // Returns once everything queued before it ran: the first failure since the last barrier.
   Status Barrier();
+  // Commits queued or running now (barriers not counted).
+  uint64_t depth() const { return depth_.load(std::memory_order_relaxed); }
 
  private:
   struct Request {
@@ -55,6 +58,7 @@ class Committer {
   std::condition_variable cv_;
   std::deque<Request> queue_;  // GUARDED_BY(mu_)
   bool stopping_ = false;      // GUARDED_BY(mu_)
+  std::atomic<uint64_t> depth_{0};
   std::thread thread_;
 };
 

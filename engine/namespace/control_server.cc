@@ -12,6 +12,7 @@
 
 #include "engine/namespace/admin.h"
 #include "engine/namespace/control_protocol.h"
+#include "engine/util/thread_role.h"
 
 namespace ckptfs {
 namespace {
@@ -137,6 +138,7 @@ void ControlServer::ReapLoop() {
 }
 
 void ControlServer::AcceptLoop() {
+  SetThreadRole("control");
   for (;;) {
     int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) {

@@ -448,7 +448,12 @@ Result<std::pair<Inode, uint64_t>> FileSystem::Create(Ino parent, std::string_vi
 }
 
 Result<size_t> FileSystem::Read(uint64_t fh, uint64_t offset, MutableBytes out) {
-  if (IsViewHandle(fh)) return ViewRead(fh, offset, out);  // views.cc
+  if (IsViewHandle(fh)) {
+    ScopedLatency timed(metrics_.read);
+    auto n = ViewRead(fh, offset, out);  // views.cc
+    if (n.ok()) metrics_.bytes_read.fetch_add(*n, std::memory_order_relaxed);
+    return n;
+  }
   std::vector<ChunkSlice> slices;
   CKPTFS_ASSIGN_OR_RETURN(size_t n, ReadSlices(fh, offset, out.size(), &slices));
   size_t done = 0;
@@ -461,14 +466,20 @@ Result<size_t> FileSystem::Read(uint64_t fh, uint64_t offset, MutableBytes out) 
 
 Result<size_t> FileSystem::ReadSlices(uint64_t fh, uint64_t offset, size_t length,
                                       std::vector<ChunkSlice>* out) {
+  ScopedLatency timed(metrics_.read);
+  Result<size_t> n = size_t{0};
   if (IsViewHandle(fh)) {
     Buffer buf(length);
-    CKPTFS_ASSIGN_OR_RETURN(size_t n, ViewRead(fh, offset, buf.mutable_bytes()));  // views.cc
-    if (n > 0) out->push_back(ChunkSlice{std::make_shared<const Buffer>(std::move(buf)), 0, n});
-    return n;
+    n = ViewRead(fh, offset, buf.mutable_bytes());  // views.cc
+    if (n.ok() && *n > 0) {
+      out->push_back(ChunkSlice{std::make_shared<const Buffer>(std::move(buf)), 0, *n});
+    }
+  } else {
+    auto h = GetHandle(fh);
+    n = h.ok() ? ReadOnce(*h, offset, length, out, 0) : Result<size_t>(h.status());
   }
-  CKPTFS_ASSIGN_OR_RETURN(Handle h, GetHandle(fh));
-  return ReadOnce(h, offset, length, out, 0);
+  if (n.ok()) metrics_.bytes_read.fetch_add(*n, std::memory_order_relaxed);
+  return n;
 }
 
 Result<size_t> FileSystem::ReadOnce(const Handle& h, uint64_t offset, size_t length,
@@ -597,6 +608,7 @@ std::optional<Ino> FileSystem::PreviousVersionFile(Ino ino) {
 
 Status FileSystem::Write(uint64_t fh, uint64_t offset, Bytes data) {
   if (IsViewHandle(fh)) return Status::ReadOnly("views are read-only");
+  ScopedLatency timed(metrics_.write);
   CKPTFS_ASSIGN_OR_RETURN(Handle h, GetHandle(fh));
   OpenInode& f = *h.file;
   if (!f.reference_settled.exchange(true)) {
@@ -608,7 +620,9 @@ Status FileSystem::Write(uint64_t fh, uint64_t offset, Bytes data) {
       if (!s.ok()) spdlog::warn("inode {}: committing its reference: {}", f.ino, s.ToString());
     }
   }
-  return f.Write(offset, data, (h.flags & O_APPEND) != 0);
+  Status s = f.Write(offset, data, (h.flags & O_APPEND) != 0);
+  if (s.ok()) metrics_.bytes_written.fetch_add(data.size(), std::memory_order_relaxed);
+  return s;
 }
 
 Status FileSystem::Flush(uint64_t fh) {
@@ -619,8 +633,17 @@ Status FileSystem::Flush(uint64_t fh) {
 
 Status FileSystem::Fsync(uint64_t fh) {
   if (IsViewHandle(fh)) return Status::OK();
+  ScopedLatency timed(metrics_.fsync);
   CKPTFS_ASSIGN_OR_RETURN(Handle h, GetHandle(fh));
   return committer_->Commit(h.file, /*release=*/false, /*wait=*/true);
+}
+
+FileSystem::Backlog FileSystem::WriteBacklog() {
+  Backlog b;
+  b.queued_commits = committer_->depth();
+  std::lock_guard lock(open_mu_);
+  for (const auto& [ino, file] : open_files_) b.pending_bytes += file->pending_bytes();
+  return b;
 }
 
 // For views (views.cc): commits `ino` now if it is closed with a commit still queued.

@@ -50,6 +50,7 @@
 #include <vector>
 
 #include "engine/namespace/committer.h"
+#include "engine/namespace/fs_metrics.h"
 #include "engine/namespace/inode.h"
 #include "engine/namespace/open_inode.h"
 #include "engine/store/content_reader.h"
@@ -147,6 +148,23 @@ class FileSystem {
   // Seals the version `ino` (a top-level directory, or a file version: file_versions.h),
   // committing its open files first.
   Status Seal(Ino ino);
+
+  // ---- What the daemon reports (docs/cli.md "stats", "status") ----------------------------
+  const FsMetrics& metrics() const { return metrics_; }
+  // The write backlog now: commits queued (or running) on the committer, and the bytes that
+  // write() accepted and that are not durable yet (in open files, or closed with their commit
+  // still queued). A failed commit's bytes count as gone (the writer was told).
+  struct Backlog {
+    uint64_t queued_commits = 0;
+    uint64_t pending_bytes = 0;
+  };
+  Backlog WriteBacklog();
+  // The live statistics file MNT/.ckptfs/stats (not listed; read-only; generated at each
+  // open). REQUIRES: called before the first request is served.
+  void SetLiveStats(std::function<std::string()> source) { live_stats_ = std::move(source); }
+  // Whether `ino` is a file whose bytes are generated at open (the kernel must not cache them,
+  // and its reported size is 0: open it with direct I/O).
+  bool IsGeneratedFile(Ino ino);
 
   // ---- Versions written outside FUSE (engine/namespace/external_version.cc) ---------------
   // One file of such a version: its chunks, checked by Store::CheckExternalPack.
@@ -263,6 +281,9 @@ class FileSystem {
   std::map<Ino, std::chrono::steady_clock::time_point> version_activity_;  // GUARDED_BY(open_mu_)
   std::set<Ino> sealing_;     // GUARDED_BY(open_mu_): versions whose Seal() is in progress
   uint64_t next_handle_ = 1;  // GUARDED_BY(open_mu_)
+
+  FsMetrics metrics_;
+  std::function<std::string()> live_stats_;  // set before serving, then read-only
 
   std::unique_ptr<Committer> committer_;
   std::unique_ptr<ByteBudget> spool_backlog_;  // when spooling

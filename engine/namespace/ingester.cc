@@ -1,9 +1,14 @@
 #include "engine/namespace/ingester.h"
 
+#include "engine/util/thread_role.h"
+
 namespace ckptfs {
 
 Ingester::Ingester(int threads, size_t scratch_bytes) : scratch_bytes_(scratch_bytes) {
-  for (int i = 0; i < std::max(1, threads); ++i) threads_.emplace_back([this] { Run(); });
+  for (int i = 0; i < std::max(1, threads); ++i) threads_.emplace_back([this] {
+      SetThreadRole("ingest");
+      Run();
+    });
 }
 
 Ingester::~Ingester() {

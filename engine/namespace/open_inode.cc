@@ -123,6 +123,7 @@ Status OpenInode::Write(uint64_t offset, Bytes data, bool append) {
     return s;
   }
   size_ = std::max(size_, offset + data.size());
+  pending_bytes_.fetch_add(data.size(), std::memory_order_relaxed);
   TouchLocked();
   return Status::OK();
 }
@@ -276,6 +277,16 @@ Status OpenInode::ToStagingLocked() {
 Status OpenInode::Commit() {
   std::lock_guard lock(mu_);
   committed_changes_ = changes_.load();
+  // Writes wait for mu_: whatever this commit does, the bytes written so far are durable or
+  // lost when it returns, except after a failed commit from staging (tried again later).
+  bool keep_pending = false;
+  struct ClearPending {
+    std::atomic<uint64_t>& bytes;
+    const bool& keep;
+    ~ClearPending() {
+      if (!keep) bytes.store(0, std::memory_order_relaxed);
+    }
+  } clear_pending{pending_bytes_, keep_pending};
   if (!dirty_) return error_;
   CKPTFS_RETURN_IF_ERROR(error_);
   const uint64_t size = size_;
@@ -333,6 +344,7 @@ Status OpenInode::Commit() {
     spdlog::error("committing inode {} failed: {}; it keeps its previous contents", ino,
                   id.status().ToString());
     if (!staging_.valid()) error_ = id.status();
+    keep_pending = staging_.valid();
     return id.status();
   }
   base_ = *id;

@@ -101,6 +101,8 @@ class OpenInode : public IngestTarget, public std::enable_shared_from_this<OpenI
   int64_t mtime_view() const { return mtime_view_.load(); }
   // utime() of an open file: the commit binds this mtime.
   void set_mtime_view(int64_t ns) { mtime_view_ = ns; }
+  // Bytes written since the last commit that made them durable (no lock).
+  uint64_t pending_bytes() const { return pending_bytes_.load(std::memory_order_relaxed); }
 
   const Ino ino;
   // ---- FileSystem's bookkeeping (filesystem.cc) -------------------------------------------
@@ -137,6 +139,7 @@ class OpenInode : public IngestTarget, public std::enable_shared_from_this<OpenI
   Status error_;            // GUARDED_BY(mu_): a write or commit failed; bytes are lost
   std::atomic<uint64_t> changes_{0};            // written under mu_ (TouchLocked)
   std::atomic<uint64_t> committed_changes_{0};  // written under mu_ (Commit)
+  std::atomic<uint64_t> pending_bytes_{0};      // written under mu_ (Write, Commit)
   std::atomic<uint64_t> size_view_;
   std::atomic<int64_t> mtime_view_;
 

@@ -7,6 +7,7 @@
 
 #include "engine/namespace/file_versions.h"
 #include "engine/namespace/filesystem.h"
+#include "engine/util/thread_role.h"
 
 namespace ckptfs {
 namespace {
@@ -107,6 +108,7 @@ Status FileSystem::CommitAndMarkSealed(Ino ino,
 }
 
 void FileSystem::RunSealer() {
+  SetThreadRole("sealer");
   const auto tick = std::max(std::chrono::milliseconds(50), options_.seal_after / 4);
   const auto start = std::chrono::steady_clock::now();
   for (;;) {

@@ -6,6 +6,8 @@
 //                                               file converted
 //   FILE@tensors/ FILE@bf16@tensors/ ...        (beside any checkpoint file, also inside a
 //                                               precision view) index.json + one .npy per tensor
+//   .ckptfs/stats                               (at the root) the daemon's live statistics,
+//                                               JSON generated at each open (SetLiveStats)
 //
 // None of these names is listed by readdir; a real entry of the same name wins. Virtual inode
 // numbers have kViewInoBit set and index a table that only grows, so they are stable while
@@ -23,6 +25,8 @@ namespace ckptfs {
 namespace {
 
 constexpr std::string_view kTensorsSuffix = "@tensors";
+constexpr std::string_view kLiveDirName = ".ckptfs";
+constexpr std::string_view kLiveStatsName = "stats";
 // Built views are kept for reuse, at most this many and this many bytes of them (a view is a
 // few bytes per tensor and per record; a precision view of a torch file also holds its
 // rewritten data.pkl). Open handles keep theirs alive past eviction.
@@ -48,7 +52,14 @@ bool EndsWith(std::string_view s, std::string_view suffix) {
 
 struct FileSystem::ViewState {
   struct Node {
-    enum class Kind : uint8_t { kTensorDir, kTensorFile, kPrecisionDir, kPrecisionFile };
+    enum class Kind : uint8_t {
+      kTensorDir,
+      kTensorFile,
+      kPrecisionDir,
+      kPrecisionFile,
+      kLiveDir,   // .ckptfs at the root (real: the root)
+      kLiveFile,  // .ckptfs/stats
+    };
     Kind kind;
     Ino real;                 // the real file (tensor dir/file, precision file) or directory
     std::optional<DType> to;  // the precision, if any
@@ -198,6 +209,16 @@ Result<Inode> FileSystem::ViewInode(Ino ino) {
   v.symlink.clear();
   using Kind = ViewState::Node::Kind;
   switch (node.kind) {
+    case Kind::kLiveDir:
+      v.mode = S_IFDIR | 0555;
+      v.nlink = 2;
+      v.size = 0;
+      break;
+    case Kind::kLiveFile:  // generated at open: no size known before (opened with direct I/O)
+      v.mode = S_IFREG | 0444;
+      v.nlink = 1;
+      v.size = 0;
+      break;
     case Kind::kTensorDir:
     case Kind::kPrecisionDir:
       if (node.kind == Kind::kPrecisionDir && !real.is_dir()) return Status::NotFound("gone");
@@ -230,7 +251,11 @@ Result<Inode> FileSystem::ViewLookup(Ino parent, std::string_view name) {
   using Kind = ViewState::Node::Kind;
   if (!IsViewIno(parent)) {
     // Hidden names beside real entries: VERSION@bf16 at the root, FILE@bf16 beside any file
-    // (a file version's precision view), FILE@tensors and FILE@bf16@tensors.
+    // (a file version's precision view), FILE@tensors and FILE@bf16@tensors; .ckptfs at the
+    // root of a mount that serves live statistics.
+    if (parent == kRootIno && name == kLiveDirName && live_stats_) {
+      return ViewInode(views_->NodeFor({Kind::kLiveDir, kRootIno, std::nullopt, ""}));
+    }
     for (const PrecisionName& p : kPrecisions) {
       if (!EndsWith(name, p.suffix)) continue;
       CKPTFS_ASSIGN_OR_RETURN(Inode real,
@@ -261,6 +286,10 @@ Result<Inode> FileSystem::ViewLookup(Ino parent, std::string_view name) {
     return Status::NotFound(std::string(name));
   }
   CKPTFS_ASSIGN_OR_RETURN(ViewState::Node node, views_->Get(parent));
+  if (node.kind == Kind::kLiveDir) {
+    if (name != kLiveStatsName) return Status::NotFound(std::string(name));
+    return ViewInode(views_->NodeFor({Kind::kLiveFile, kRootIno, std::nullopt, ""}));
+  }
   if (node.kind == Kind::kTensorDir) {
     CKPTFS_ASSIGN_OR_RETURN(Inode file, ViewReal(node.real));
     CKPTFS_ASSIGN_OR_RETURN(auto view, TensorViewOf(file, node.to));
@@ -304,6 +333,11 @@ Result<uint64_t> FileSystem::ViewOpen(Ino ino, int flags) {
     open->file = view->Find(node.file);
     if (open->file == nullptr) return Status::NotFound(node.file);
     open->keep = view;
+  } else if (node.kind == Kind::kLiveFile) {
+    auto text = std::make_shared<VirtualFile>();
+    text->AddBytes(live_stats_());
+    open->file = text.get();
+    open->keep = std::move(text);
   } else if (node.kind == Kind::kPrecisionFile) {
     CKPTFS_ASSIGN_OR_RETURN(auto plan, PrecisionPlanOf(real, *node.to));
     std::shared_ptr<const VirtualFile> file;
@@ -350,10 +384,22 @@ Status FileSystem::ViewRelease(uint64_t fh) {
   return views_->handles.erase(fh) == 1 ? Status::OK() : Errno(EBADF, "view handle");
 }
 
+bool FileSystem::IsGeneratedFile(Ino ino) {
+  if (!IsViewIno(ino)) return false;
+  auto node = views_->Get(ino);
+  return node.ok() && node->kind == ViewState::Node::Kind::kLiveFile;
+}
+
 Result<std::vector<DirEntry>> FileSystem::ViewListDir(Ino ino) {
   using Kind = ViewState::Node::Kind;
   CKPTFS_ASSIGN_OR_RETURN(ViewState::Node node, views_->Get(ino));
   std::vector<DirEntry> entries;
+  if (node.kind == Kind::kLiveDir) {
+    entries.push_back({std::string(kLiveStatsName),
+                       views_->NodeFor({Kind::kLiveFile, kRootIno, std::nullopt, ""}),
+                       S_IFREG | 0444});
+    return entries;
+  }
   if (node.kind == Kind::kTensorDir) {
     CKPTFS_ASSIGN_OR_RETURN(Inode file, ViewReal(node.real));
     CKPTFS_ASSIGN_OR_RETURN(auto view, TensorViewOf(file, node.to));

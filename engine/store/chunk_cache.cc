@@ -8,7 +8,11 @@ std::shared_ptr<const Buffer> ChunkCache::Lookup(const ChunkId& id, bool streame
   Shard& s = ShardFor(id);
   std::lock_guard lock(s.mu);
   auto it = s.index.find(id);
-  if (it == s.index.end()) return nullptr;
+  if (it == s.index.end()) {
+    misses_.fetch_add(1, std::memory_order_relaxed);
+    return nullptr;
+  }
+  hits_.fetch_add(1, std::memory_order_relaxed);
   s.lru.splice(s.lru.begin(), s.lru, it->second);
   if (!streamed) it->second->streamed = false;
   return it->second->chunk;

@@ -15,6 +15,7 @@
 // Thread-safe. A capacity of 0 disables caching.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <list>
 #include <memory>
@@ -37,6 +38,10 @@ class ChunkCache {
   // Removes the entry if it is still a streamed one.
   void DropStreamed(const ChunkId& id);
   size_t size_bytes() const;
+  // Lookups since construction that found their chunk / did not (every caller's: readers,
+  // the prefetcher's "is it there yet" probes, a writer's delta base).
+  uint64_t hits() const { return hits_.load(std::memory_order_relaxed); }
+  uint64_t misses() const { return misses_.load(std::memory_order_relaxed); }
 
  private:
   static constexpr size_t kShards = 16;
@@ -55,6 +60,7 @@ class ChunkCache {
 
   const size_t capacity_;
   std::vector<Shard> shards_;
+  std::atomic<uint64_t> hits_{0}, misses_{0};
 };
 
 }  // namespace ckptfs

@@ -35,6 +35,9 @@ TEST(ChunkCacheTest, StreamedEntriesAreDroppedOrdinaryOnesStay) {
   cache.Insert(IdOf(4), Chunk(10));
   cache.DropStreamed(IdOf(4));
   EXPECT_NE(cache.Lookup(IdOf(4)), nullptr);
+  // Lookups above: 5 found their chunk, 1 (of the dropped streamed entry) did not.
+  EXPECT_EQ(cache.hits(), 5u);
+  EXPECT_EQ(cache.misses(), 1u);
 }
 
 TEST(ChunkCacheTest, EvictsLeastRecentlyUsedWithinItsCapacity) {

@@ -610,6 +610,7 @@ void Store::Prefetch(ContentId id, uint64_t offset, uint64_t length, WorkerPool:
       return true;
     });
   }
+  prefetch_loads_.fetch_add(todo.size(), std::memory_order_relaxed);
   for (const auto& [chunk, row, end] : todo) {
     pool_->Submit(
         // Init-captures: clang 14 cannot capture structured bindings directly.

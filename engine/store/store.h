@@ -258,6 +258,11 @@ class Store {
   // Bytes (and records) read from pack files since Open: what readers cost the disk.
   uint64_t pack_read_bytes() const { return reader_->read_bytes(); }
   uint64_t pack_reads() const { return reader_->reads(); }
+  // The decoded-chunk cache's lookups that hit / missed (chunk_cache.h), and the chunk loads
+  // Prefetch() queued (each a chunk not in the cache when the prefetch was asked for).
+  uint64_t cache_hits() const { return cache_.hits(); }
+  uint64_t cache_misses() const { return cache_.misses(); }
+  uint64_t prefetch_loads() const { return prefetch_loads_.load(std::memory_order_relaxed); }
 
  private:
   friend class ContentWriter;
@@ -332,6 +337,7 @@ class Store {
   std::unique_ptr<ChunkReader> reader_;  // the read side: record reads, decoding, pack fds
   ByteBudget inflight_;
   std::unique_ptr<WorkerPool> pool_;
+  mutable std::atomic<uint64_t> prefetch_loads_{0};
 
   // Lock order: gc_run_mu_, then gc_mu_, then mu_ (then the reader's own locks).
   std::mutex gc_run_mu_;             // one Gc() at a time

@@ -2,11 +2,16 @@
 
 #include <algorithm>
 
+#include "engine/util/thread_role.h"
+
 namespace ckptfs {
 
 WorkerPool::WorkerPool(int threads) {
   if (threads < 1) threads = 1;
-  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Run(); });
+  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] {
+      SetThreadRole("worker");
+      Run();
+    });
 }
 
 WorkerPool::~WorkerPool() {

@@ -82,3 +82,16 @@ def json_of(test, command, *args):
     doc = json.loads(p.stdout)
     check_schema(doc, SCHEMAS[command], command)
     return doc
+
+
+def status_of(test, mountpoint):
+    """`ckptfs status --json`, exit 0, with only the entry of `mountpoint` checked against the
+    schema (other mounts on a shared machine may be served by other ckptfs builds); that
+    entry."""
+    p = run("status", "--json")
+    test.assertEqual(p.returncode, 0, p.stderr)
+    doc = json.loads(p.stdout)
+    mine = [m for m in doc["mounts"] if m["mountpoint"] == os.path.realpath(mountpoint)]
+    test.assertEqual(len(mine), 1, doc)
+    check_schema({"mounts": mine}, SCHEMAS["status"], "status")
+    return mine[0]

@@ -1,0 +1,124 @@
+"""Live statistics of a mounted store (docs/cli.md "stats", "status"): MNT/.ckptfs/stats read
+with open()/json and cat, `ckptfs stats` online and offline, and `ckptfs status`'s write
+backlog, around real torch saves and loads; every document checked against schemas.json."""
+import json
+import os
+import subprocess
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cli_common import SCHEMAS, check_schema, json_of, mounted, run, status_of  # noqa: E402
+
+try:
+    import torch  # noqa: E402
+except ImportError:
+    mounted.skip_all("needs python3-torch (run with Debian's /usr/bin/python3)")
+
+MiB = 1 << 20
+
+
+def state(step):
+    g = torch.Generator().manual_seed(step)
+    return {"w%d" % i: torch.randn(1024, 1024, generator=g) for i in range(4)}  # 16 MiB
+
+
+class LiveStats(unittest.TestCase):
+    def setUp(self):
+        self.m = mounted.Mount("stats")
+        self.addCleanup(self.m.close)
+        self.m.mount(["--seal-after", "0"])
+
+    def live(self):
+        with open(self.m.path(".ckptfs", "stats")) as f:
+            doc = json.load(f)
+        check_schema(doc, SCHEMAS["stats"], "$stats-file")
+        return doc
+
+    def test_stats_file_counts_saves_loads_and_fsyncs(self):
+        before = self.live()
+        self.assertEqual(before["mount"], os.path.realpath(self.m.mnt))
+        self.assertEqual(before["store"], os.path.realpath(self.m.store))
+        os.mkdir(self.m.path("step1"))
+        path = self.m.path("step1", "model.pt")
+        with open(path, "wb") as f:
+            torch.save(state(1), f)
+            f.flush()
+            os.fsync(f.fileno())
+        size = os.path.getsize(path)
+        loaded = torch.load(path)
+        for k, v in state(1).items():
+            self.assertTrue(torch.equal(loaded[k], v), k)
+        after = self.live()
+        d0, d = before["daemon"], after["daemon"]
+        self.assertEqual(d["pid"], self.m.pid)
+        self.assertGreaterEqual(d["bytes_written"] - d0["bytes_written"], size)
+        self.assertGreaterEqual(d["bytes_read"] - d0["bytes_read"], size)
+        lat = d["latency"]
+        self.assertGreater(lat["write"]["count"], d0["latency"]["write"]["count"])
+        self.assertGreater(lat["read"]["count"], d0["latency"]["read"]["count"])
+        self.assertEqual(lat["fsync"]["count"] - d0["latency"]["fsync"]["count"], 1)
+        for op in ("read", "write", "fsync"):
+            self.assertGreater(lat[op]["p50_us"], 0, op)
+            self.assertGreaterEqual(lat[op]["p99_us"], lat[op]["p50_us"], op)
+        cpu = d["cpu_seconds"]
+        for role in ("fuse", "worker", "commit", "exited"):
+            self.assertIn(role, cpu)
+        self.assertGreater(sum(cpu.values()), 0)  # clock ticks: some role has one by now
+        self.assertEqual(after["contents"], before["contents"] + 1)
+        self.assertGreater(after["cache_hits"] + after["cache_misses"], 0)
+        # Hidden: not listed, read-only, generated again at each open (cat sees the reads so far).
+        self.assertNotIn(".ckptfs", os.listdir(self.m.mnt))
+        self.assertEqual(os.listdir(self.m.path(".ckptfs")), ["stats"])
+        with self.assertRaises(OSError):
+            open(self.m.path(".ckptfs", "stats"), "w")
+        cat = subprocess.run(["cat", self.m.path(".ckptfs", "stats")], capture_output=True,
+                             text=True, check=True)
+        self.assertGreater(json.loads(cat.stdout)["daemon"]["latency"]["read"]["count"],
+                           lat["read"]["count"])
+        # `ckptfs stats --json` says the same (a later moment: counters only grow).
+        cli = json_of(self, "stats", self.m.mnt)
+        self.assertGreaterEqual(cli["daemon"]["bytes_written"], d["bytes_written"])
+        self.assertEqual(cli["daemon"]["latency"]["fsync"]["count"], lat["fsync"]["count"])
+        self.assertEqual(cli["contents"], after["contents"])
+        words = run("stats", self.m.mnt)
+        self.assertEqual(words.returncode, 0, words.stderr)
+        self.assertIn("fsync latency   1 calls", words.stdout)
+        self.assertIn("cpu worker", words.stdout)
+        self.m.umount()
+        offline = json_of(self, "stats", self.m.store)
+        self.assertIsNone(offline["daemon"])
+        self.assertEqual(offline["contents"], after["contents"])
+        self.assertNotIn("cpu worker", run("stats", self.m.store).stdout)
+
+    def test_status_shows_bytes_pending_durability(self):
+        def mine():
+            return status_of(self, self.m.mnt)["daemon"]
+
+        os.mkdir(self.m.path("v"))
+        self.assertEqual(mine()["pending_bytes"], 0)
+        f = open(self.m.path("v", "big.bin"), "wb")
+        try:
+            f.write(os.urandom(3 * MiB))
+            f.flush()
+            # Written, not closed: accepted by the daemon, not durable.
+            d = mine()
+            self.assertEqual(d["pending_bytes"], 3 * MiB)
+            self.assertGreaterEqual(d["queued_commits"], 0)
+            words = run("status").stdout
+            self.assertIn("pending durability 3.00 MiB", words)
+            os.fsync(f.fileno())
+            self.assertEqual(mine()["pending_bytes"], 0)
+            f.write(os.urandom(MiB))
+            f.flush()
+            self.assertEqual(mine()["pending_bytes"], MiB)
+        finally:
+            f.close()
+        self.assertEqual(run("sync", self.m.mnt).returncode, 0)
+        d = mine()
+        self.assertEqual(d["pending_bytes"], 0)
+        self.assertEqual(d["queued_commits"], 0)
+
+
+if __name__ == "__main__":
+    mounted.main()
