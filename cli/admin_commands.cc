@@ -150,7 +150,8 @@ int Log(const std::string& target, const std::string& version, bool as_json) {
   for (const auto& v : versions) {
     const json& m = v["metadata"];
     std::string step = m["global_step"].is_null() ? "-" : std::to_string(U(m["global_step"]));
-    std::string layout = m["layout"].is_null() ? "" : " " + m["layout"].get<std::string>();
+    std::string layout;  // appended, not " " + s: GCC 12 -Wrestrict misfires on that here
+    if (!m["layout"].is_null()) layout.append(" ").append(m["layout"].get<std::string>());
     if (version.empty()) {
       std::printf("%4llu  %-24s %-19s  %-6s %5llu %11s %11s %6.1f%%  %s%s\n", U(v["seq"]),
                   v["name"].get<std::string>().c_str(), HumanTime(U(v["created_unix_ns"])).c_str(),
@@ -192,29 +193,10 @@ int Forget(const std::string& target, uint64_t keep_last, uint64_t keep_every, b
            bool as_json) {
   auto t = Resolve(target);
   if (!t.ok()) return Fail(t.status());
-  auto log = RunAdminOn(*t, {{"cmd", "log"}});
-  if (!log.ok()) return Fail(log.status());
-  const json& versions = (*log)["versions"];
-  const size_t n = versions.size();
-  json kept = json::array(), forgotten = json::array();
-  for (size_t i = 0; i < n; ++i) {
-    const json& v = versions[i];
-    std::string why;
-    if (i + keep_last >= n) {
-      why = "last " + std::to_string(keep_last);
-    } else if (keep_every > 0 && i % keep_every == 0) {
-      why = "every " + std::to_string(keep_every);
-    } else if (!v["sealed"].get<bool>()) {
-      why = "not sealed";
-    }
-    json entry = {{"name", v["name"]}, {"seq", v["seq"]}};
-    if (why.empty()) {
-      forgotten.push_back(entry);
-    } else {
-      entry["reason"] = why;
-      kept.push_back(entry);
-    }
-  }
+  auto plan = RunAdminOn(
+      *t, {{"cmd", "forget_plan"}, {"keep_last", keep_last}, {"keep_every", keep_every}});
+  if (!plan.ok()) return Fail(plan.status());
+  const json kept = (*plan)["kept"], forgotten = (*plan)["forgotten"];
   for (const auto& v : forgotten) {
     const std::string name = v["name"].get<std::string>();
     if (dry_run) break;

@@ -207,10 +207,18 @@ int main(int argc, char** argv) {
                    "seconds after the first began")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  mount
+      ->add_option("--keep-last", margs.keep_last,
+                   "rotation: each time a version seals, forget the sealed versions but the "
+                   "newest N (as `ckptfs forget --keep-last N`), then gc")
+      ->check(CLI::PositiveNumber);
+  mount->add_option("--keep-every", margs.keep_every,
+                    "with --keep-last: keep every K-th version from the oldest too");
   std::vector<std::string> mount_options;
   mount->add_option("-o", mount_options,
                     "comma-separated options, as in fstab: cache_size=, inflight=, codec=, "
-                    "delta_chain=, seal_after=, snapshot_timeout=, forward_deltas, create (as the flags above, "
+                    "delta_chain=, seal_after=, snapshot_timeout=, forward_deltas, keep_last=, "
+                    "keep_every=, create (as the flags above, "
                     "and applied after them), FUSE options (allow_other, ro, ...)");
   std::string mountpoint;
   auto* umount = app.add_subcommand("umount", "make everything durable, then unmount");
@@ -227,10 +235,12 @@ int main(int argc, char** argv) {
       "file-versions",
       "make every checkpoint file (*.ckpt, *.pt, ...) in a directory a version of its own, for "
       "Lightning's and ckpt_{step}.pt loops' one-directory layouts (docs/fs.md)");
-  file_versions->add_option("DIR", marked_dir, "a directory in a ckptfs mount (the mount point too)")
+  file_versions
+      ->add_option("DIR", marked_dir, "a directory in a ckptfs mount (the mount point too)")
       ->required();
-  file_versions->add_flag("--off", file_versions_off,
-                          "new checkpoint files there are ordinary again (sealed ones stay sealed)");
+  file_versions->add_flag(
+      "--off", file_versions_off,
+      "new checkpoint files there are ordinary again (sealed ones stay sealed)");
 
   std::string help_topic;
   auto* help = app.add_subcommand("help", "describe ckptfs, or one command");
@@ -315,6 +325,10 @@ int main(int argc, char** argv) {
         std::chrono::milliseconds(static_cast<int64_t>(snapshot_timeout * 1000));
     for (const auto& list : mount_options) {
       if (Status st = ApplyMountOptions(list, &margs); !st.ok()) return Fail(st);
+    }
+    if (margs.keep_every > 0 && margs.keep_last == 0) {
+      return Fail(Status::InvalidArgument("--keep-every needs --keep-last"),
+                  "e.g. `--keep-last 3 --keep-every 10`");
     }
     if (margs.foreground) spdlog::set_level(spdlog::level::info);
     return Mount(margs);

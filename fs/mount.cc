@@ -25,6 +25,7 @@
 #include "engine/namespace/control_protocol.h"
 #include "engine/namespace/control_server.h"
 #include "engine/namespace/filesystem.h"
+#include "engine/namespace/retention.h"
 #include "engine/store/store.h"
 #include "engine/util/thread_role.h"
 #include "fs/fuse_ops.h"
@@ -199,6 +200,17 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
                  ": is it an existing empty directory, is /dev/fuse there, are you root?");
     return 1;
   }
+  // Rotation as versions seal; the kernel forgets each removed name at once.
+  std::unique_ptr<Retention> retention;
+  if (args.keep_last > 0) {
+    retention = Retention::Start(store->get(), fs->get(), {args.keep_last, args.keep_every},
+                                 [se](Ino parent, const std::string& name) {
+                                   (void)fuse_lowlevel_notify_inval_entry(se, parent, name.data(),
+                                                                          name.size());
+                                 });
+    (*fs)->SetOnSealed([r = retention.get()] { r->Notify(); });
+    retention->Notify();  // versions sealed before this mount may be due already
+  }
   spdlog::info("mounted {} at {} (cache {} MiB, inflight {} MiB, codec {}, delta chain {})",
                args.store, args.mountpoint, args.cache_bytes >> 20, args.inflight_bytes >> 20,
                codec, args.max_delta_chain);
@@ -243,6 +255,8 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
   bool stopped_by_signal = rc == SIGTERM || rc == SIGINT || rc == SIGHUP;
   (void)NotifyServiceManager("STOPPING=1\nSTATUS=committing accepted files");
   trimmer.request_stop();
+  (*fs)->SetOnSealed(nullptr);
+  retention.reset();  // finishes a pass in progress (it may notify the session: still there)
   fuse_loop_cfg_destroy(cfg);
   fuse_session_unmount(se);
   fuse_remove_signal_handlers(se);

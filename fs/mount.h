@@ -33,6 +33,10 @@ struct MountArgs {
   uint32_t max_delta_chain = StoreOptions{}.max_delta_chain;
   bool reverse_deltas = StoreOptions{}.reverse_deltas;  // --forward-deltas, -o forward_deltas
   std::chrono::milliseconds seal_after{std::chrono::seconds(10)};
+  // Rotation as versions seal (engine/namespace/retention.h): keep the newest keep_last
+  // versions (0: no rotation) and every keep_every-th from the oldest, forget the rest.
+  uint64_t keep_last = 0;
+  uint64_t keep_every = 0;
   // A snapshot version whose ranks have not all committed this long after the first began is
   // abandoned (engine/namespace/control_server.h).
   std::chrono::milliseconds snapshot_timeout{std::chrono::minutes(30)};

@@ -70,6 +70,16 @@ Status ApplyOne(std::string_view option, MountArgs* args) {
       if (*seconds <= 0) return Status::InvalidArgument("-o snapshot_timeout must be positive");
       args->snapshot_timeout = Millis(*seconds);
     }
+  } else if (key == "keep_last" || key == "keep_every") {
+    if (Status s = need_value(); !s.ok()) return s;
+    uint64_t n = 0;
+    auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
+    if (ec != std::errc() || end != value.data() + value.size() || (key == "keep_last" && n < 1)) {
+      return Status::InvalidArgument("bad -o " + std::string(key) + "=" + std::string(value) +
+                                     ": a whole number" +
+                                     (key == "keep_last" ? ", at least 1" : ""));
+    }
+    (key == "keep_last" ? args->keep_last : args->keep_every) = n;
   } else if (key == "create" && !has_value) {
     args->create = true;
   } else if (key == "forward_deltas" && !has_value) {

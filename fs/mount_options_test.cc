@@ -74,3 +74,23 @@ TEST(ApplyMountOptions, BadValuesAreRefusedByName) {
 
 }  // namespace
 }  // namespace ckptfs
+
+namespace ckptfs {
+namespace {
+
+TEST(ApplyMountOptions, KeepLastAndKeepEverySetRotation) {
+  MountArgs args;
+  EXPECT_EQ(args.keep_last, 0u);  // no rotation unless asked
+  ASSERT_TRUE(ApplyMountOptions("keep_last=3,keep_every=10", &args).ok());
+  EXPECT_EQ(args.keep_last, 3u);
+  EXPECT_EQ(args.keep_every, 10u);
+  EXPECT_TRUE(args.fuse_options.empty());
+  for (const char* bad : {"keep_last=0", "keep_last=", "keep_last=x", "keep_every=-1"}) {
+    Status s = ApplyMountOptions(bad, &args);
+    EXPECT_FALSE(s.ok()) << bad;
+    EXPECT_NE(s.ToString().find(std::string(bad).substr(0, 9)), std::string::npos) << s.ToString();
+  }
+}
+
+}  // namespace
+}  // namespace ckptfs

@@ -593,6 +593,38 @@ Result<json> Diff(Store* store, const json& request) {
               {"summary", {{"files", file_counts}, {"tensors", tensor_counts}}}};
 }
 
+// The retention rules of `ckptfs forget` and of a mount's --keep-last (docs/cli.md "forget"):
+// versions in creation order; kept are the last N, every K-th version the store created (by
+// sequence number: 1, 1+K, 1+2K, ...; stable as versions are forgotten, so that rotation keeps
+// them) and every version not sealed; the others are to be forgotten.
+Result<json> ForgetPlan(Store* store, const json& request) {
+  const uint64_t keep_last = request.value("keep_last", uint64_t{0});
+  const uint64_t keep_every = request.value("keep_every", uint64_t{0});
+  if (keep_last < 1) return Status::InvalidArgument("--keep-last must be at least 1");
+  CKPTFS_ASSIGN_OR_RETURN(auto txn, store->catalog().BeginRead());
+  CKPTFS_ASSIGN_OR_RETURN(std::vector<Version> versions, ListVersions(txn));
+  const size_t n = versions.size();
+  json kept = json::array(), forgotten = json::array();
+  for (size_t i = 0; i < n; ++i) {
+    std::string why;
+    if (i + keep_last >= n) {
+      why = "last " + std::to_string(keep_last);
+    } else if (keep_every > 0 && (versions[i].inode.version_seq - 1) % keep_every == 0) {
+      why = "every " + std::to_string(keep_every);
+    } else if (!versions[i].inode.sealed()) {
+      why = "not sealed";
+    }
+    json entry = {{"name", versions[i].name}, {"seq", versions[i].inode.version_seq}};
+    if (why.empty()) {
+      forgotten.push_back(entry);
+    } else {
+      entry["reason"] = why;
+      kept.push_back(entry);
+    }
+  }
+  return json{{"kept", kept}, {"forgotten", forgotten}};
+}
+
 Status RemoveTree(FileSystem* fs, Ino parent, const std::string& name) {
   CKPTFS_ASSIGN_OR_RETURN(Inode inode, fs->Lookup(parent, name));
   if (!inode.is_dir()) return fs->Unlink(parent, name);
@@ -651,6 +683,7 @@ Result<json> RunAdmin(Store* store, FileSystem* fs, const json& request) {
   if (cmd == "log") return Log(store, request);
   if (cmd == "files") return Files(store, request);
   if (cmd == "diff") return Diff(store, request);
+  if (cmd == "forget_plan") return ForgetPlan(store, request);
   if (cmd == "stats") {
     CKPTFS_ASSIGN_OR_RETURN(StoreStats st, store->Stats());
     json out = StatsOf(*store, st);
@@ -739,7 +772,7 @@ Result<json> RunAdmin(Store* store, FileSystem* fs, const json& request) {
       parent = dir.ino;
     }
     CKPTFS_RETURN_IF_ERROR(RemoveTree(fs, parent, name.substr(begin)));
-    return json{{"removed", name}};
+    return json{{"removed", name}, {"parent", parent}, {"entry", name.substr(begin)}};
   }
   return Status::InvalidArgument("unknown admin request '" + cmd + "'");
 }

@@ -22,9 +22,14 @@
 //   {cmd: "verify"}                              -> {chunks_checked, contents_checked, problems}
 //   {cmd: "gc", rewrite_below?: x}               -> gc's report (pending commits finish first)
 //   {cmd: "status"}                              -> the process's settings, write queue peak, pid
-//   {cmd: "remove_version", name: NAME}          -> removes the version's tree (not for a mounted
-//                                                   store: the command removes through the mount
-//                                                   so the kernel's caches stay right)
+//   {cmd: "forget_plan", keep_last: N, keep_every?: K}
+//                                                -> {kept: [{name, seq, reason}], forgotten:
+//                                                   [{name, seq}]}: the retention rules of
+//                                                   `ckptfs forget` and of a mount's --keep-last
+//   {cmd: "remove_version", name: NAME}          -> {removed, parent, entry}: removes the version's
+//                                                   tree (the command removes through a mount
+//                                                   instead, so the kernel's caches stay right;
+//                                                   the daemon's retention tells the kernel itself)
 // Version metadata is read from the store without running pickle code: the tensor layout the
 // writer recorded, and small JSON files (HF trainer_state.json, config.json) parsed as JSON.
 // Thread-safe as Store and FileSystem are.

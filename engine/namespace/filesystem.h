@@ -162,6 +162,12 @@ class FileSystem {
   // The live statistics file MNT/.ckptfs/stats (not listed; read-only; generated at each
   // open). REQUIRES: called before the first request is served.
   void SetLiveStats(std::function<std::string()> source) { live_stats_ = std::move(source); }
+  // Runs after each version's seal (explicit or automatic), on the sealing thread, with only
+  // on_sealed_mu_ held (fn must not seal): the mount's retention (retention.h). Null: none.
+  void SetOnSealed(std::function<void()> fn) {
+    std::lock_guard lock(on_sealed_mu_);
+    on_sealed_ = std::move(fn);
+  }
   // Whether `ino` is a file whose bytes are generated at open (the kernel must not cache them,
   // and its reported size is 0: open it with direct I/O).
   bool IsGeneratedFile(Ino ino);
@@ -284,6 +290,8 @@ class FileSystem {
 
   FsMetrics metrics_;
   std::function<std::string()> live_stats_;  // set before serving, then read-only
+  std::mutex on_sealed_mu_;
+  std::function<void()> on_sealed_;  // GUARDED_BY(on_sealed_mu_)
 
   std::unique_ptr<Committer> committer_;
   std::unique_ptr<ByteBudget> spool_backlog_;  // when spooling

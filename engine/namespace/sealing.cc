@@ -53,9 +53,15 @@ Status FileSystem::Seal(Ino ino) {
     }
   }
   Status s = CommitAndMarkSealed(ino, in_version);
-  std::lock_guard lock(open_mu_);
-  sealing_.erase(ino);
-  if (s.ok()) spdlog::info("sealed version {}", VersionName(store_->catalog(), ino));
+  {
+    std::lock_guard lock(open_mu_);
+    sealing_.erase(ino);
+  }
+  if (s.ok()) {
+    spdlog::info("sealed version {}", VersionName(store_->catalog(), ino));
+    std::lock_guard lock(on_sealed_mu_);
+    if (on_sealed_) on_sealed_();
+  }
   return s;
 }
 

@@ -1,0 +1,85 @@
+#include "engine/namespace/retention.h"
+
+#include <spdlog/spdlog.h>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/namespace/admin.h"
+#include "engine/util/thread_role.h"
+
+namespace ckptfs {
+
+std::unique_ptr<Retention> Retention::Start(Store* store, FileSystem* fs, RetentionPolicy policy,
+                                            RemovedFn on_removed) {
+  std::unique_ptr<Retention> r(new Retention(store, fs, policy, std::move(on_removed)));
+  r->thread_ = std::thread([p = r.get()] {
+    SetThreadRole("retain");
+    p->Run();
+  });
+  return r;
+}
+
+Retention::~Retention() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void Retention::Notify() {
+  {
+    std::lock_guard lock(mu_);
+    pending_ = true;
+  }
+  cv_.notify_all();
+}
+
+uint64_t Retention::passes() const {
+  std::lock_guard lock(mu_);
+  return passes_;
+}
+
+void Retention::Run() {
+  for (;;) {
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || pending_; });
+      if (stopping_) return;
+      pending_ = false;
+    }
+    if (Status s = Pass(); !s.ok()) {
+      spdlog::error("retention (keep last {}): {}; the next seal tries again", policy_.keep_last,
+                    s.ToString());
+    }
+    std::lock_guard lock(mu_);
+    ++passes_;
+  }
+}
+
+Status Retention::Pass() {
+  using nlohmann::json;
+  CKPTFS_ASSIGN_OR_RETURN(json plan, RunAdmin(store_, fs_,
+                                              {{"cmd", "forget_plan"},
+                                               {"keep_last", policy_.keep_last},
+                                               {"keep_every", policy_.keep_every}}));
+  uint64_t removed = 0;
+  for (const json& v : plan["forgotten"]) {
+    const std::string name = v["name"].get<std::string>();
+    CKPTFS_ASSIGN_OR_RETURN(json r,
+                            RunAdmin(store_, fs_, {{"cmd", "remove_version"}, {"name", name}}));
+    spdlog::info("retention: forgot version {} (keep last {}, every {})", name, policy_.keep_last,
+                 policy_.keep_every);
+    if (on_removed_) on_removed_(r["parent"].get<Ino>(), r["entry"].get<std::string>());
+    ++removed;
+  }
+  if (removed == 0) return Status::OK();
+  CKPTFS_ASSIGN_OR_RETURN(json gc, RunAdmin(store_, fs_, {{"cmd", "gc"}}));
+  spdlog::info("retention: gc after forgetting {} versions: dropped {} chunks, pack bytes {} -> {}",
+               removed, gc["chunks_dropped"].get<uint64_t>(),
+               gc["pack_bytes_before"].get<uint64_t>(), gc["pack_bytes_after"].get<uint64_t>());
+  return Status::OK();
+}
+
+}  // namespace ckptfs
