@@ -214,11 +214,16 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   mount->add_option("--keep-every", margs.keep_every,
                     "with --keep-last: keep every K-th version from the oldest too");
+  mount
+      ->add_option("--prometheus", margs.prometheus_port,
+                   "serve the statistics of `ckptfs stats` in Prometheus' text format at "
+                   "http://127.0.0.1:PORT/metrics (off unless given)")
+      ->check(CLI::Range(1, 65535));
   std::vector<std::string> mount_options;
   mount->add_option("-o", mount_options,
                     "comma-separated options, as in fstab: cache_size=, inflight=, codec=, "
                     "delta_chain=, seal_after=, snapshot_timeout=, forward_deltas, keep_last=, "
-                    "keep_every=, create (as the flags above, "
+                    "keep_every=, prometheus=, create (as the flags above, "
                     "and applied after them), FUSE options (allow_other, ro, ...)");
   std::string mountpoint;
   auto* umount = app.add_subcommand("umount", "make everything durable, then unmount");

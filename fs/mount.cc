@@ -25,6 +25,7 @@
 #include "engine/namespace/control_protocol.h"
 #include "engine/namespace/control_server.h"
 #include "engine/namespace/filesystem.h"
+#include "engine/namespace/metrics_endpoint.h"
 #include "engine/namespace/retention.h"
 #include "engine/store/store.h"
 #include "engine/util/thread_role.h"
@@ -168,6 +169,20 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
     return doc.dump(2) + "\n";
   });
 
+  // The Prometheus endpoint, when asked for; stopped before the filesystem.
+  std::unique_ptr<MetricsEndpoint> metrics;
+  if (args.prometheus_port != 0) {
+    auto started =
+        MetricsEndpoint::Start(args.prometheus_port, [served = fs->get(), st = store->get()] {
+          return RunAdmin(st, served, {{"cmd", "stats"}});
+        });
+    if (!started.ok()) {
+      ready.Report(started.status().ToString());
+      return 1;
+    }
+    metrics = std::move(*started);
+  }
+
   // The snapshot engine's control socket (docs/snapshot.md); stopped before the filesystem.
   auto control = ControlServer::Start(fs->get(), store->get(),
                                       std::filesystem::path(args.store) / kControlSocketName,
@@ -265,6 +280,7 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
   // it short: systemd sends SIGTERM to what is left of a .mount unit once umount(8) returned.
   for (int sig : {SIGTERM, SIGINT, SIGHUP}) std::signal(sig, SIG_IGN);
   spdlog::info("unmounted {}; committing open files", args.mountpoint);
+  metrics.reset();
   control->reset();  // abandons versions not yet complete
   fs->reset();       // commits everything close() accepted
   store->reset();

@@ -37,6 +37,8 @@ struct MountArgs {
   // versions (0: no rotation) and every keep_every-th from the oldest, forget the rest.
   uint64_t keep_last = 0;
   uint64_t keep_every = 0;
+  // Prometheus text endpoint on 127.0.0.1:prometheus_port (metrics_endpoint.h); 0: off.
+  uint16_t prometheus_port = 0;
   // A snapshot version whose ranks have not all committed this long after the first began is
   // abandoned (engine/namespace/control_server.h).
   std::chrono::milliseconds snapshot_timeout{std::chrono::minutes(30)};

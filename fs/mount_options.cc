@@ -70,6 +70,15 @@ Status ApplyOne(std::string_view option, MountArgs* args) {
       if (*seconds <= 0) return Status::InvalidArgument("-o snapshot_timeout must be positive");
       args->snapshot_timeout = Millis(*seconds);
     }
+  } else if (key == "prometheus") {
+    if (Status s = need_value(); !s.ok()) return s;
+    uint16_t port = 0;
+    auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), port);
+    if (ec != std::errc() || end != value.data() + value.size() || port == 0) {
+      return Status::InvalidArgument("bad -o prometheus=" + std::string(value) +
+                                     ": a TCP port, 1..65535");
+    }
+    args->prometheus_port = port;
   } else if (key == "keep_last" || key == "keep_every") {
     if (Status s = need_value(); !s.ok()) return s;
     uint64_t n = 0;

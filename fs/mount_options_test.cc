@@ -85,7 +85,10 @@ TEST(ApplyMountOptions, KeepLastAndKeepEverySetRotation) {
   EXPECT_EQ(args.keep_last, 3u);
   EXPECT_EQ(args.keep_every, 10u);
   EXPECT_TRUE(args.fuse_options.empty());
-  for (const char* bad : {"keep_last=0", "keep_last=", "keep_last=x", "keep_every=-1"}) {
+  ASSERT_TRUE(ApplyMountOptions("prometheus=9464", &args).ok());
+  EXPECT_EQ(args.prometheus_port, 9464);
+  for (const char* bad : {"keep_last=0", "keep_last=", "keep_last=x", "keep_every=-1",
+                          "prometheus=0", "prometheus=70000", "prometheus"}) {
     Status s = ApplyMountOptions(bad, &args);
     EXPECT_FALSE(s.ok()) << bad;
     EXPECT_NE(s.ToString().find(std::string(bad).substr(0, 9)), std::string::npos) << s.ToString();

@@ -91,6 +91,54 @@ class LiveStats(unittest.TestCase):
         self.assertEqual(offline["contents"], after["contents"])
         self.assertNotIn("cpu worker", run("stats", self.m.store).stdout)
 
+    def test_prometheus_endpoint_on_localhost(self):
+        import socket
+        import urllib.error
+        import urllib.request
+        with socket.socket() as s:  # a port free now
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        m = mounted.Mount("prom")
+        self.addCleanup(m.close)
+        m.mount(["--seal-after", "0", "--prometheus", str(port)])
+        os.mkdir(m.path("v"))
+        torch.save(state(2), m.path("v", "model.pt"))
+        size = os.path.getsize(m.path("v", "model.pt"))
+        torch.load(m.path("v", "model.pt"))
+        url = "http://127.0.0.1:%d/metrics" % port
+        with urllib.request.urlopen(url, timeout=30) as r:
+            self.assertEqual(r.status, 200)
+            self.assertIn("text/plain", r.headers["Content-Type"])
+            text = r.read().decode()
+        values = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                values[name] = float(value)
+        self.assertGreaterEqual(values["ckptfs_bytes_written_total"], size)
+        self.assertGreaterEqual(values["ckptfs_bytes_read_total"], size)
+        self.assertGreater(values['ckptfs_latency_seconds_count{op="write"}'], 0)
+        self.assertGreater(values['ckptfs_latency_seconds{op="write",quantile="0.99"}'], 0)
+        self.assertIn('ckptfs_cpu_seconds_total{role="worker"}', values)
+        self.assertEqual(values["ckptfs_contents"], json_of(self, "stats", m.mnt)["contents"])
+        self.assertEqual(values["ckptfs_pending_bytes"], 0)
+        with self.assertRaises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen("http://127.0.0.1:%d/other" % port, timeout=30)
+        self.assertEqual(e.exception.code, 404)
+        # Off by default: the other mount's daemon serves no endpoint.
+        with open(os.path.join(self.m.store, "ckptfs.log")) as f:
+            self.assertNotIn("Prometheus endpoint", f.read())
+        # A second mount asking for the same port fails and says why; nothing is left mounted.
+        other = mounted.Mount("prom2")
+        self.addCleanup(other.close)
+        p = run("mount", other.store, other.mnt, "--create", "--prometheus", port)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("127.0.0.1:%d" % port, p.stderr)
+        self.assertFalse(mounted.is_mounted(other.mnt))
+        m.umount()  # the endpoint goes with the daemon
+        with self.assertRaises(urllib.error.URLError):
+            urllib.request.urlopen(url, timeout=30)
+
     def test_status_shows_bytes_pending_durability(self):
         def mine():
             return status_of(self, self.m.mnt)["daemon"]
