@@ -172,6 +172,7 @@ int Log(const std::string& target, const std::string& version, bool as_json) {
                 m["step_source"].is_null()
                     ? ""
                     : (" (from " + m["step_source"].get<std::string>() + ")").c_str());
+    if (!m["epoch"].is_null()) std::printf("epoch     %llu\n", U(m["epoch"]));
     std::printf("layout    %s\n",
                 m["layout"].is_null() ? "-" : m["layout"].get<std::string>().c_str());
     for (const auto& [k, fv] : m["framework"].items()) {

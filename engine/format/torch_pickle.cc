@@ -255,6 +255,8 @@ class Unpickler {
 
   // The walk from the root.
   Status Walk(NodeId root);
+  // index_.scalars from the root, when it is a dict.
+  void CollectRootScalars(NodeId root);
   Status Emit(NodeId tensor, const std::string& path);
   void AppendKey(NodeId key, std::string* path) const;
 
@@ -419,7 +421,43 @@ Result<TorchPickleIndex> Unpickler::Run() {
   }
   CKPTFS_ASSIGN_OR_RETURN(NodeId root, Pop());
   CKPTFS_RETURN_IF_ERROR(Walk(root));
+  CollectRootScalars(root);
   return std::move(index_);
+}
+
+void Unpickler::CollectRootScalars(NodeId root) {
+  const Node& d = node(root);
+  if (d.kind != Kind::kDict) return;
+  for (size_t at = 0; at + 1 < d.items.size(); at += 2) {
+    if (index_.scalars.size() >= TorchPickleIndex::kMaxScalars) return;
+    const Node& k = node(d.items[at]);
+    const Node& v = node(d.items[at + 1]);
+    if (k.kind != Kind::kString || k.text.size() > TorchPickleIndex::kMaxScalarKeyBytes) continue;
+    TorchScalar s;
+    s.key = std::string(k.text);
+    switch (v.kind) {
+      case Kind::kInt:
+        s.kind = TorchScalar::Kind::kInt;
+        s.i = v.i;
+        break;
+      case Kind::kBool:
+        s.kind = TorchScalar::Kind::kBool;
+        s.i = v.i;
+        break;
+      case Kind::kFloat:
+        s.kind = TorchScalar::Kind::kFloat;
+        s.f = v.f;
+        break;
+      case Kind::kString:
+        if (v.text.size() > TorchPickleIndex::kMaxScalarTextBytes) continue;
+        s.kind = TorchScalar::Kind::kString;
+        s.text = std::string(v.text);
+        break;
+      default:
+        continue;
+    }
+    index_.scalars.push_back(std::move(s));
+  }
 }
 
 Status Unpickler::Unsupported(uint8_t op) const {

@@ -60,9 +60,28 @@ struct TorchTensor {
   uint64_t numel = 0;           // product of shape (1 for 0-d)
 };
 
+// A top-level entry of a checkpoint dict whose value is a number, a bool or a string, such as
+// Lightning's {'epoch': 3, 'global_step': 400, 'pytorch-lightning_version': '2.1.0'} or
+// DeepSpeed's {'ds_version': '0.12.3', 'global_steps': 77}.
+struct TorchScalar {
+  enum class Kind : uint8_t { kInt, kFloat, kBool, kString };
+  std::string key;
+  Kind kind = Kind::kInt;
+  int64_t i = 0;     // kInt, kBool
+  double f = 0;      // kFloat
+  std::string text;  // kString
+};
+
 struct TorchPickleIndex {
   std::vector<TorchStorage> storages;
   std::vector<TorchTensor> tensors;
+  // When the root is a dict: its entries with a string key (at most kMaxScalarKeyBytes) and a
+  // scalar value (strings of at most kMaxScalarTextBytes), in the dict's order, at most
+  // kMaxScalars; longer keys and strings are skipped.
+  std::vector<TorchScalar> scalars;
+  static constexpr size_t kMaxScalars = 64;
+  static constexpr size_t kMaxScalarKeyBytes = 128;
+  static constexpr size_t kMaxScalarTextBytes = 256;
   // Globals outside the allow-list, as "module.name", each once, at most kMaxListedGlobals.
   std::vector<std::string> opaque_globals;
   static constexpr size_t kMaxListedGlobals = 32;

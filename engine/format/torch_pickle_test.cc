@@ -504,3 +504,57 @@ TEST(TorchPickleBuiltTest, DictKeysFollowPython) {
 
 }  // namespace
 }  // namespace ckptfs
+
+namespace ckptfs {
+namespace {
+
+TEST(TorchPickleBuiltTest, ReportsTheRootDictsScalars) {
+  const std::string long_key(TorchPickleIndex::kMaxScalarKeyBytes + 1, 'k');
+  const std::string long_text(TorchPickleIndex::kMaxScalarTextBytes + 1, 't');
+  // {'epoch': 3, 'pytorch-lightning_version': '2.1.0', 'state_dict': {'w': T}, 'ok': True,
+  //  'neg': -5, 'long...': 1, 'note': 'ttt...', 3: 'int key'}
+  const std::string body = Cat({"}(",
+                                Str("epoch"),
+                                Int(3),
+                                Str("pytorch-lightning_version"),
+                                Str("2.1.0"),
+                                Str("state_dict"),
+                                "}(",
+                                Str("w"),
+                                TensorOps(4, 0, Tuple({4}), Tuple({1})),
+                                "u",
+                                Str("ok"),
+                                "\x88",
+                                Str("neg"),
+                                Int(-5),
+                                Str(long_key),
+                                Int(1),
+                                Str("note"),
+                                Str(long_text),
+                                Int(3),
+                                Str("int key"),
+                                "u"});
+  auto index = ParseTorchPickle(AsBytes(Pickle(body)));
+  ASSERT_TRUE(index.ok()) << index.status().ToString();
+  ASSERT_EQ(index->tensors.size(), 1u);
+  EXPECT_EQ(index->tensors[0].path, "state_dict.w");
+  ASSERT_EQ(index->scalars.size(), 4u);
+  EXPECT_EQ(index->scalars[0].key, "epoch");
+  EXPECT_EQ(index->scalars[0].kind, TorchScalar::Kind::kInt);
+  EXPECT_EQ(index->scalars[0].i, 3);
+  EXPECT_EQ(index->scalars[1].key, "pytorch-lightning_version");
+  EXPECT_EQ(index->scalars[1].kind, TorchScalar::Kind::kString);
+  EXPECT_EQ(index->scalars[1].text, "2.1.0");
+  EXPECT_EQ(index->scalars[2].key, "ok");
+  EXPECT_EQ(index->scalars[2].kind, TorchScalar::Kind::kBool);
+  EXPECT_EQ(index->scalars[2].i, 1);
+  EXPECT_EQ(index->scalars[3].key, "neg");
+  EXPECT_EQ(index->scalars[3].i, -5);
+  // A root that is not a dict has none.
+  auto list = ParseTorchPickle(AsBytes(Pickle(Cat({"](", Int(1), "e"}))));
+  ASSERT_TRUE(list.ok()) << list.status().ToString();
+  EXPECT_TRUE(list->scalars.empty());
+}
+
+}  // namespace
+}  // namespace ckptfs

@@ -16,6 +16,7 @@
 #include <unordered_set>
 
 #include "engine/format/dtype.h"
+#include "engine/format/torch_pickle.h"
 #include "engine/namespace/file_versions.h"
 #include "engine/namespace/inode.h"
 #include "engine/util/thread_role.h"
@@ -145,14 +146,63 @@ json ReadJsonFile(const Store& store, const Inode& file) {
   return json::parse(text, nullptr, /*allow_exceptions=*/false);
 }
 
+// The root dict's scalars of a torch file's data.pkl (torch_pickle.h: parsed, never run);
+// empty for anything else.
+std::vector<TorchScalar> PickleScalars(const Store& store, const Inode& file) {
+  if (!file.is_reg() || file.content == 0) return {};
+  auto layout = store.GetLayout(file.content);
+  if (!layout.ok() || !*layout || (*layout)->format != ContentLayout::Format::kTorchZip) return {};
+  SourceReader read = [&store, content = file.content](uint64_t offset, MutableBytes out) {
+    return store.Read(content, offset, out);
+  };
+  std::string prefix;
+  auto pkl = ReadTorchPickle(read, **layout, &prefix);
+  if (!pkl.ok()) return {};
+  auto index = ParseTorchPickle(AsBytes(*pkl));
+  if (!index.ok()) return {};
+  return std::move(index->scalars);
+}
+
+// What a checkpoint's own top-level entries say: the step (Lightning's and most loops'
+// 'global_step', DeepSpeed's 'global_steps'), 'epoch', and the framework's version
+// ('pytorch-lightning_version', DeepSpeed's 'ds_version'). Fills only what is still null.
+void PickleMetadata(const std::vector<TorchScalar>& scalars, const std::string& path, json* meta,
+                    bool* deepspeed, bool* lightning) {
+  for (const char* step_key : {"global_step", "global_steps"}) {
+    for (const TorchScalar& s : scalars) {
+      if (s.key == step_key && s.kind == TorchScalar::Kind::kInt && s.i >= 0 &&
+          (*meta)["global_step"].is_null()) {
+        (*meta)["global_step"] = s.i;
+        (*meta)["step_source"] = path;
+      }
+    }
+  }
+  for (const TorchScalar& s : scalars) {
+    if (s.key == "epoch" && s.kind == TorchScalar::Kind::kInt && s.i >= 0 &&
+        (*meta)["epoch"].is_null()) {
+      (*meta)["epoch"] = s.i;
+    } else if (s.kind == TorchScalar::Kind::kString && s.key == "pytorch-lightning_version") {
+      (*meta)["framework"]["pytorch_lightning"] = s.text;
+      *lightning = true;
+    } else if (s.kind == TorchScalar::Kind::kString && s.key == "ds_version") {
+      (*meta)["framework"]["deepspeed"] = s.text;
+      *deepspeed = true;
+    }
+  }
+}
+
 // What the version's files say about the training run, without running pickle code.
 json VersionMetadata(const Store& store, const std::vector<FileInfo>& files,
                      const std::string& version_name) {
   json meta = {{"layout", nullptr},
                {"global_step", nullptr},
                {"step_source", nullptr},
+               {"epoch", nullptr},
                {"framework", json::object()}};
   bool hf = false, deepspeed = false, lightning = false, snapshot = false;
+  // Torch pickles are read (data.pkl only) until one gave a step, at most this many.
+  constexpr int kMaxPicklesRead = 4;
+  int pickles_read = 0;
   for (const auto& f : files) {
     const std::string base = BaseName(f.path);
     if (base == "trainer_state.json") {
@@ -180,6 +230,14 @@ json VersionMetadata(const Store& store, const std::vector<FileInfo>& files,
         snapshot = true;
       }
     }
+  }
+  // Then the checkpoints' own entries (after trainer_state.json, which HF writes for this).
+  for (const auto& f : files) {
+    if (!meta["global_step"].is_null() || pickles_read >= kMaxPicklesRead) break;
+    std::vector<TorchScalar> scalars = PickleScalars(store, f.inode);
+    if (scalars.empty()) continue;
+    ++pickles_read;
+    PickleMetadata(scalars, f.path, &meta, &deepspeed, &lightning);
   }
   if (hf) {
     meta["layout"] = "huggingface";

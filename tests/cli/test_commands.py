@@ -91,6 +91,37 @@ class Lifecycle(unittest.TestCase):
         self.assertIsNone(offline["mount"])
         self.assertEqual(offline["versions"], online["versions"])
 
+    def test_log_reads_step_and_framework_inside_torch_checkpoints(self):
+        # Names that say nothing; the checkpoints' own top-level entries do (read by the
+        # restricted unpickler: a class in the pickle would not run, and is not needed).
+        lightning = {"epoch": 3, "global_step": 1234, "pytorch-lightning_version": "2.1.0",
+                     "state_dict": model_state(1), "callbacks": {}}
+        deepspeed = {"module": model_state(2), "ds_version": "0.12.3", "global_steps": 77,
+                     "dp_world_size": 1}
+        plain = {"model": model_state(3), "step": 5}
+        for name, obj, file in (("run_a", lightning, "last.pt"),
+                                ("run_b", deepspeed, "mp_rank_00_model_states.pt"),
+                                ("run_c", plain, "weights.pt")):
+            os.mkdir(self.m.path(name))
+            torch.save(obj, self.m.path(name, file))
+            self.assertEqual(run("seal", self.m.path(name)).returncode, 0)
+        online = {v["name"]: v["metadata"] for v in json_of(self, "log", self.m.mnt)["versions"]}
+        self.assertEqual(online["run_a"], {"layout": "lightning", "global_step": 1234,
+                                           "step_source": "last.pt", "epoch": 3,
+                                           "framework": {"pytorch_lightning": "2.1.0"}})
+        self.assertEqual(online["run_b"], {"layout": "deepspeed", "global_step": 77,
+                                           "step_source": "mp_rank_00_model_states.pt",
+                                           "epoch": None, "framework": {"deepspeed": "0.12.3"}})
+        self.assertEqual(online["run_c"], {"layout": None, "global_step": None,
+                                           "step_source": None, "epoch": None,
+                                           "framework": {}})
+        words = run("log", self.m.mnt, "run_a").stdout
+        self.assertIn("step      1234 (from last.pt)", words)
+        self.assertIn("framework pytorch_lightning 2.1.0", words)
+        self.m.umount()
+        offline = {v["name"]: v["metadata"] for v in json_of(self, "log", self.m.store)["versions"]}
+        self.assertEqual(offline, online)
+
     def test_a_copy_has_the_same_digest(self):
         self.save_steps([1])
         src = self.m.path("global_step1")
