@@ -170,7 +170,12 @@ class FileVersionsTest(mounted.MountedTestCase):
         self.assertEqual([v["name"] for v in files],
                          ["ckpt_100.pt", "ckpt_200.pt", "ckpt_300.pt", "ckpt_400.pt"])
         self.assertFalse(files[-1]["sealed"])
-        self.assertEqual([v["metadata"]["global_step"] for v in files], [100, 200, 300, 400])
+        # The step the checkpoint itself records (its pickle's global_step: 5 optimizer steps
+        # per save; the copy is the step-10 checkpoint) wins over the digits of the name.
+        self.assertEqual([v["metadata"]["global_step"] for v in files], [5, 10, 15, 10])
+        self.assertEqual([v["metadata"]["step_source"] for v in files],
+                         ["ckpt_100.pt", "ckpt_200.pt", "ckpt_300.pt", "ckpt_400.pt"])
+        self.assertEqual(files[0]["metadata"]["framework"], {"pytorch_lightning": "2.1.0"})
         got = torch.load(paths[2], weights_only=False)
         want = states[2]["state_dict"]["2.weight"]
         self.assertTrue(torch.equal(got["state_dict"]["2.weight"], want))
