@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <cstdio>
 #include <cstring>
@@ -12,6 +13,8 @@
 #include "cli/admin_client.h"
 #include "cli/store_commands.h"
 #include "engine/format/layout.h"
+#include "engine/format/torch_pickle.h"
+#include "engine/format/zip.h"
 #include "engine/namespace/admin.h"
 #include "engine/util/file.h"
 #include "engine/views/tensor_view.h"
@@ -40,6 +43,68 @@ Status CopyOut(const SourceReader& read, uint64_t size, const fs::path& path, mo
   }
   if (::fsync(fd.get()) != 0) return Status::FromErrno(errno, "fsync " + path.string());
   return Status::OK();
+}
+
+// The tensors of `view` as a torch.save file at the new `path`: our own zip writer (zip.h) and
+// pickle writer (torch_pickle.h), the records named as torch names them (archive/data.pkl,
+// archive/data/N, byteorder, version), each tensor's bytes streamed from the source in C
+// order, its CRC-32 patched into its header once known. Returns the bytes written.
+Result<uint64_t> WriteTorchFile(const TensorView& view, const SourceReader& read,
+                                const fs::path& path) {
+  std::vector<TorchTensorOut> tensors;
+  for (const auto& t : view.tensors) {
+    tensors.push_back({t.name, t.dtype, t.shape, std::to_string(tensors.size())});
+  }
+  CKPTFS_ASSIGN_OR_RETURN(std::string pkl, WriteTorchStateDictPickle(tensors));
+  FileDescriptor fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+  if (fd.get() < 0) return Status::FromErrno(errno, "create " + path.string());
+  const std::string archive = "archive/";
+  ZipWriter zip;
+  uint64_t at = 0;
+  auto put = [&](std::string_view bytes) -> Status {
+    CKPTFS_RETURN_IF_ERROR(PWriteFull(fd.get(), at, AsBytes(bytes), path));
+    at += bytes.size();
+    return Status::OK();
+  };
+  auto put_record = [&](const std::string& name, std::string_view bytes) -> Status {
+    const auto crc = static_cast<uint32_t>(
+        crc32(0, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(bytes.size())));
+    CKPTFS_RETURN_IF_ERROR(put(zip.LocalHeader(archive + name, bytes.size(), crc, at)));
+    return put(bytes);
+  };
+  CKPTFS_RETURN_IF_ERROR(put_record("data.pkl", pkl));
+  CKPTFS_RETURN_IF_ERROR(put_record("byteorder", "little"));
+  std::vector<std::byte> buf(kCopyBlock);
+  for (size_t i = 0; i < view.tensors.size(); ++i) {
+    const TensorView::Entry& t = view.tensors[i];
+    uint64_t elements = 1;
+    for (uint64_t d : t.shape) elements *= d;
+    const uint64_t bytes = elements * ElementSize(t.dtype);
+    const uint64_t header_at = at;
+    CKPTFS_RETURN_IF_ERROR(
+        put(zip.LocalHeader(archive + "data/" + std::to_string(i), bytes, 0, at)));
+    const uint64_t npy_header = t.npy.size() - bytes;  // the data follows the .npy header
+    uLong crc = crc32(0, nullptr, 0);
+    for (uint64_t off = 0; off < bytes;) {
+      const size_t want = static_cast<size_t>(std::min<uint64_t>(buf.size(), bytes - off));
+      CKPTFS_ASSIGN_OR_RETURN(size_t n,
+                              t.npy.Read(npy_header + off, MutableBytes(buf.data(), want), read));
+      if (n != want) return Status::Corruption("tensor " + t.name + " is short");
+      crc = crc32(crc, reinterpret_cast<const Bytef*>(buf.data()), static_cast<uInt>(n));
+      CKPTFS_RETURN_IF_ERROR(PWriteFull(fd.get(), at, Bytes(buf.data(), n), path));
+      at += n;
+      off += n;
+    }
+    zip.SetLastCrc(static_cast<uint32_t>(crc));
+    std::string le(4, '\0');
+    for (int b = 0; b < 4; ++b) le[b] = static_cast<char>((crc >> (8 * b)) & 0xff);
+    CKPTFS_RETURN_IF_ERROR(
+        PWriteFull(fd.get(), header_at + ZipWriter::kLocalHeaderCrcOffset, AsBytes(le), path));
+  }
+  CKPTFS_RETURN_IF_ERROR(put_record("version", "3\n"));
+  CKPTFS_RETURN_IF_ERROR(put(zip.Finish(at)));
+  if (::fsync(fd.get()) != 0) return Status::FromErrno(errno, "fsync " + path.string());
+  return at;
 }
 
 // A checkpoint file to read: its bytes, size and (when the store recorded it) layout.
@@ -277,10 +342,12 @@ int Export(const std::string& source, const std::string& dest, const std::string
         total, dest, 0644);
     if (!s.ok()) return Fail(s);
     written = total;
+  } else if (to == "pt") {
+    auto total = WriteTorchFile(**view, src->read, dest);
+    if (!total.ok()) return Fail(total.status());
+    written = *total;
   } else {
-    return Fail(Status::NotSupported("--to " + to + " is not built yet"),
-                "use --to safetensors or --to npy (torch.load reads neither; "
-                "safetensors.torch.load_file does)");
+    return Fail(Status::InvalidArgument("--to " + to + ": pt, safetensors or npy"));
   }
   if (as_json) {
     PrintJson({{"source", source},

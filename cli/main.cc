@@ -149,12 +149,17 @@ int main(int argc, char** argv) {
   diff->add_option("V2", v2, "the newer version")->required();
   diff->add_flag("--json", json, kJsonHelp);
   auto* export_ = app.add_subcommand(
-      "export", "write a checkpoint's tensors as safetensors or .npy files (no pickle code runs)");
+      "export",
+      "write a checkpoint's tensors as a torch file, safetensors or .npy files (no pickle code "
+      "runs)");
   export_
       ->add_option("SOURCE", name, "MNT/VERSION/FILE, or STORE/VERSION/FILE of an unmounted store")
       ->required();
-  export_->add_option("DEST", dest, "a new file (safetensors) or directory (npy)")->required();
-  export_->add_option("--to", to, "safetensors or npy")
+  export_->add_option("DEST", dest, "a new file (pt, safetensors) or directory (npy)")->required();
+  export_
+      ->add_option("--to", to,
+                   "pt (torch.load reads it: a flat dict of tensors named as in the per-tensor "
+                   "view), safetensors or npy")
       ->required()
       ->check(CLI::IsMember({"safetensors", "npy", "pt"}));
   export_->add_option("--dtype", dtype, "convert floating tensors: fp32, bf16 or fp16")

@@ -1251,4 +1251,100 @@ Result<TorchPickleIndex> ParseTorchPickle(Bytes pkl, const TorchPickleLimits& li
   return unpickler.Run();
 }
 
+namespace {
+
+void PutOp(std::string* out, pickle::Op op) { out->push_back(static_cast<char>(op)); }
+
+void PutText(std::string* out, std::string_view s) {
+  PutOp(out, pickle::kBinUnicode);
+  const auto n = static_cast<uint32_t>(s.size());
+  for (int i = 0; i < 4; ++i) out->push_back(static_cast<char>((n >> (8 * i)) & 0xff));
+  out->append(s);
+}
+
+void PutInt(std::string* out, uint64_t v) {
+  if (v <= 0x7fffffff) {
+    PutOp(out, pickle::kBinInt);
+    for (int i = 0; i < 4; ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+    return;
+  }
+  // Little-endian two's complement in 8 bytes (sizes and counts stay below 2^63), or 9 so the
+  // sign stays positive.
+  const bool nine = v >> 63;
+  PutOp(out, pickle::kLong1);
+  out->push_back(nine ? 9 : 8);
+  for (int i = 0; i < 8; ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+  if (nine) out->push_back(0);
+}
+
+void PutGlobal(std::string* out, std::string_view module, std::string_view name) {
+  PutOp(out, pickle::kGlobal);
+  out->append(module);
+  out->push_back('\n');
+  out->append(name);
+  out->push_back('\n');
+}
+
+void PutIntTuple(std::string* out, const std::vector<uint64_t>& values) {
+  PutOp(out, pickle::kMark);
+  for (uint64_t v : values) PutInt(out, v);
+  PutOp(out, pickle::kTuple);
+}
+
+}  // namespace
+
+Result<std::string> WriteTorchStateDictPickle(const std::vector<TorchTensorOut>& tensors) {
+  std::string out;
+  PutOp(&out, pickle::kProto);
+  out.push_back(2);
+  PutOp(&out, pickle::kEmptyDict);
+  PutOp(&out, pickle::kMark);
+  for (const TorchTensorOut& t : tensors) {
+    const StorageName* storage = nullptr;
+    for (const StorageName& s : kStorageTypes) {
+      if (s.dtype == t.dtype && s.module == "torch" && !s.name.ends_with("UntypedStorage")) {
+        storage = &s;
+        break;
+      }
+    }
+    if (storage == nullptr) {
+      return Status::NotSupported("tensor " + t.name + ": torch has no storage type for " +
+                                  std::string(DTypeName(t.dtype)));
+    }
+    uint64_t numel = 1;
+    for (uint64_t d : t.shape) numel *= d;
+    std::vector<uint64_t> stride(t.shape.size());
+    uint64_t step = 1;
+    for (size_t i = t.shape.size(); i-- > 0;) {
+      stride[i] = step;
+      step *= t.shape[i];
+    }
+    PutText(&out, t.name);
+    // _rebuild_tensor_v2(('storage', torch.<T>Storage, key, 'cpu', numel), 0, shape, stride,
+    //                    False, OrderedDict())
+    PutGlobal(&out, "torch._utils", "_rebuild_tensor_v2");
+    PutOp(&out, pickle::kMark);
+    PutOp(&out, pickle::kMark);
+    PutText(&out, "storage");
+    PutGlobal(&out, storage->module, storage->name);
+    PutText(&out, t.storage_key);
+    PutText(&out, "cpu");
+    PutInt(&out, numel);
+    PutOp(&out, pickle::kTuple);
+    PutOp(&out, pickle::kBinPersId);
+    PutInt(&out, 0);
+    PutIntTuple(&out, t.shape);
+    PutIntTuple(&out, stride);
+    PutOp(&out, pickle::kNewFalse);
+    PutGlobal(&out, "collections", "OrderedDict");
+    PutOp(&out, pickle::kEmptyTuple);
+    PutOp(&out, pickle::kReduce);
+    PutOp(&out, pickle::kTuple);
+    PutOp(&out, pickle::kReduce);
+  }
+  PutOp(&out, pickle::kSetItems);
+  PutOp(&out, pickle::kStop);
+  return out;
+}
+
 }  // namespace ckptfs

@@ -100,4 +100,18 @@ struct TorchPickleLimits {
 
 Result<TorchPickleIndex> ParseTorchPickle(Bytes pkl, const TorchPickleLimits& limits = {});
 
+// A tensor of a state dict to write: contiguous (C order), on the CPU, in its own storage.
+struct TorchTensorOut {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<uint64_t> shape;
+  std::string storage_key;  // the zip record <archive>/data/<key> holding its bytes
+};
+
+// The data.pkl that torch.save({name: tensor, ...}) writes for these tensors (protocol 2,
+// torch._utils._rebuild_tensor_v2 with persistent storage ids, the globals the parser above
+// allows): written by hand, no pickle code runs. NotSupported for a dtype torch has no storage
+// type for.
+Result<std::string> WriteTorchStateDictPickle(const std::vector<TorchTensorOut>& tensors);
+
 }  // namespace ckptfs

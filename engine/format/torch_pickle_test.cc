@@ -508,6 +508,30 @@ TEST(TorchPickleBuiltTest, DictKeysFollowPython) {
 namespace ckptfs {
 namespace {
 
+TEST(TorchPickleBuiltTest, AWrittenStateDictParsesBack) {
+  std::vector<TorchTensorOut> out = {
+      {"model.w", DType::kBF16, {3, 4}, "0"},
+      {"scalar", DType::kI64, {}, "1"},
+      {"huge", DType::kU8, {3, 1ull << 31}, "2"},  // numel past 32 bits: LONG1
+  };
+  auto pkl = WriteTorchStateDictPickle(out);
+  ASSERT_TRUE(pkl.ok()) << pkl.status().ToString();
+  auto index = ParseTorchPickle(AsBytes(*pkl));
+  ASSERT_TRUE(index.ok()) << index.status().ToString();
+  ASSERT_EQ(index->tensors.size(), 3u);
+  ASSERT_EQ(index->storages.size(), 3u);
+  EXPECT_EQ(index->tensors[0].path, "model.w");
+  EXPECT_EQ(index->tensors[0].dtype, DType::kBF16);
+  EXPECT_EQ(index->tensors[0].shape, (std::vector<int64_t>{3, 4}));
+  EXPECT_EQ(index->tensors[0].stride, (std::vector<int64_t>{4, 1}));
+  EXPECT_EQ(index->storages[0].numel, 12u);
+  EXPECT_TRUE(index->tensors[1].shape.empty());
+  EXPECT_EQ(index->tensors[1].storage_key, "1");
+  EXPECT_EQ(index->storages[2].numel, 3ull << 31);
+  EXPECT_EQ(index->tensors[2].stride, (std::vector<int64_t>{int64_t{1} << 31, 1}));
+  EXPECT_TRUE(index->opaque_globals.empty());
+}
+
 TEST(TorchPickleBuiltTest, ReportsTheRootDictsScalars) {
   const std::string long_key(TorchPickleIndex::kMaxScalarKeyBytes + 1, 'k');
   const std::string long_text(TorchPickleIndex::kMaxScalarTextBytes + 1, 't');

@@ -114,6 +114,13 @@ Result<uint64_t> ReadZipDataOffset(const ZipReadAt& read, uint64_t local_offset)
   return local_offset + zip::kLocalHeaderBytes + Le(lh, 26, 2) + Le(lh, 28, 2);
 }
 
+void ZipWriter::SetLastCrc(uint32_t crc) {
+  constexpr size_t kCentralCrcOffset = 16;
+  for (size_t i = 0; i < 4; ++i) {
+    central_[last_central_ + kCentralCrcOffset + i] = static_cast<char>((crc >> (8 * i)) & 0xff);
+  }
+}
+
 std::string ZipWriter::LocalHeader(std::string_view name, uint64_t size, uint32_t crc,
                                    uint64_t offset) {
   using namespace zip;
@@ -158,6 +165,7 @@ std::string ZipWriter::LocalHeader(std::string_view name, uint64_t size, uint32_
     any_zip64_ = true;
   }
   std::string& cd = central_;
+  last_central_ = cd.size();
   Put(cd, kCentralHeaderSignature, 4);
   Put(cd, 45, 2);  // made by
   Put(cd, (big || far) ? 45 : 20, 2);

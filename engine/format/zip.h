@@ -75,11 +75,17 @@ class ZipWriter {
   // The local header of an entry that starts at archive offset `offset`; remembers its central
   // directory entry.
   std::string LocalHeader(std::string_view name, uint64_t size, uint32_t crc, uint64_t offset);
+  // For a writer that learns an entry's CRC-32 while it streams the data: records `crc` for the
+  // last entry LocalHeader() made, whose local header must then get the same 4 bytes
+  // (little-endian) at kLocalHeaderCrcOffset.
+  static constexpr size_t kLocalHeaderCrcOffset = 14;
+  void SetLastCrc(uint32_t crc);
   // The central directory and end records, placed at `offset` (just after the last data).
   std::string Finish(uint64_t offset) const;
 
  private:
   std::string central_;
+  size_t last_central_ = 0;  // where the last entry's central header starts
   uint64_t entries_ = 0;
   bool any_zip64_ = false;
 };

@@ -101,6 +101,42 @@ class ExportDiffRestore(unittest.TestCase):
             self.assertEqual(shape, list(t.shape), name)
             self.assertEqual(raw, t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes(), name)
 
+    def check_pt(self, path, step, dtype=None):
+        """The exported file, loaded by torch.load, against what torch saved (flattened)."""
+        got = torch.load(path)
+        s = state(step)
+        flat = {"model.embed.weight": s["model"]["embed.weight"],
+                "model.layers.0.w": s["model"]["layers"][0]["w"],
+                "model.layers.1.w": s["model"]["layers"][1]["w"],
+                "model.head": s["model"]["head"], "step": s["step"]}
+        self.assertEqual(sorted(got), sorted(flat))
+        for name, t in flat.items():
+            if dtype is not None and t.is_floating_point():
+                t = t.to(dtype)
+            self.assertEqual(got[name].dtype, t.dtype, name)
+            self.assertTrue(torch.equal(got[name], t), name)
+
+    def test_export_to_pt_is_torch_loadable_online_and_offline(self):
+        out = new_dir("pt")
+        doc = json_of(self, "export", self.m.path("v2", "model.pt"),
+                      os.path.join(out, "online.pt"), "--to", "pt")
+        self.assertEqual(doc["to"], "pt")
+        self.assertEqual(doc["tensors"], 5)
+        self.assertEqual(doc["bytes"], os.path.getsize(os.path.join(out, "online.pt")))
+        self.check_pt(os.path.join(out, "online.pt"), 2)
+        # A torch file stays one: exporting the export gives the same tensors.
+        p = run("export", os.path.join(out, "online.pt"), os.path.join(out, "again.pt"),
+                "--to", "pt")
+        self.assertEqual(p.returncode, 1, "a path outside ckptfs is not a SOURCE")
+        self.assertEqual(run("export", self.m.path("v2", "model.pt"), os.path.join(out, "online.pt"),
+                             "--to", "pt").returncode, 1, "DEST exists")
+        self.m.umount()
+        p = run("export", os.path.join(self.m.store, "v1", "model.pt"),
+                os.path.join(out, "offline.pt"), "--to", "pt", "--dtype", "fp16")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("(pt,", p.stdout)
+        self.check_pt(os.path.join(out, "offline.pt"), 1, torch.float16)
+
     def test_export_online_and_offline(self):
         out = new_dir("out")
         doc = json_of(self, "export", self.m.path("v2", "model.pt"),
@@ -114,8 +150,6 @@ class ExportDiffRestore(unittest.TestCase):
         self.assertEqual(run("export", self.m.path("v2", "notes.txt"),
                              os.path.join(out, "x.safetensors"), "--to", "safetensors"
                              ).returncode, 1)
-        self.assertEqual(run("export", self.m.path("v2", "model.pt"), os.path.join(out, "p"),
-                             "--to", "pt").returncode, 1)
         self.m.umount()
         p = run("export", os.path.join(self.m.store, "v1", "model.pt"),
                 os.path.join(out, "offline.safetensors"), "--to", "safetensors",
