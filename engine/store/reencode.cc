@@ -22,6 +22,8 @@
 // new records are an uncommitted pack tail (cut at the next open); after it, the rows are
 // consistent; the punch comes last (killed before it, gc punches the dead records later).
 #include <fcntl.h>
+#include <sys/resource.h>
+#include <unistd.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -107,6 +109,11 @@ void Store::WaitReencoded() {
 }
 
 void Store::RunReencoder() {
+  // Background work: below the writers and readers the training job waits for (Linux nice
+  // values are per thread).
+  if (::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10) != 0) {
+    spdlog::debug("re-encoder: setpriority: {}", std::strerror(errno));
+  }
   for (;;) {
     ContentId id;
     {
