@@ -98,13 +98,15 @@ def ckptfs(*args, check=True, timeout=300):
 
 
 def store_stats(store):
-    """`ckptfs stats STORE` as a dict: {"pack bytes": int, "contents": int, ...}."""
+    """`ckptfs stats STORE` as a dict of its counters: {"pack bytes": int, "contents": int, ...}.
+    On a mounted store the daemon's lines follow (latencies in us, CPU seconds): only lines that
+    end in a whole number are counters."""
     out = ckptfs("stats", store).stdout
     stats = {}
     for line in out.splitlines():
         key, _, value = line.rpartition(" ")
         key = key.strip()
-        if key and key != "stored/logical":
+        if key and key != "stored/logical" and value.isdigit():
             stats[key] = int(value)
     return stats
 
