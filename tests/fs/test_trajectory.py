@@ -79,7 +79,10 @@ class TrajectoryTest(mounted.MountedTestCase):
         self.assertGreater(st["delta chunks"], 0)
         self.assertGreater(st["planes chunks"], 0)
         self.assertLessEqual(st["longest chain"], CHAIN)
-        self.assertEqual(st["longest chain"], CHAIN, "the ci trajectories reach the bound")
+        # Chains are built: with reverse deltas (the default) how long the longest one ends up
+        # depends on which swaps the re-encoder could make behind back-to-back copies (it skips
+        # a piece a writer holds as a delta base), so only that the chains are there is fixed.
+        self.assertGreaterEqual(st["longest chain"], 2, "the ci trajectories chain deltas")
         self.assertLess(st["pack bytes"], 0.85 * st["logical bytes"])
         self.assertIn("no problems", mounted.ckptfs("verify", self.store).stdout)
 
