@@ -10,6 +10,8 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libxxhash-dev
   libssl-dev zlib1g-dev python3-torch python3-numpy zstd clang-14 libclang-rt-14-dev
   help2man dpkg-dev  # the man page and the .deb (packaging/)
+  # The S3 backend (engine/objstore/) and its tests: a one-node Ceph cluster with radosgw.
+  libcurl4-openssl-dev ceph-mon ceph-mgr ceph-osd radosgw ceph-common python3-boto3
 )
 
 missing=()
