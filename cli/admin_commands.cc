@@ -1,10 +1,12 @@
 // verify, gc, stats, log, forget, status (cli/admin_commands.h).
 #include "cli/admin_commands.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 
 #include "cli/admin_client.h"
+#include "cli/advise.h"
 
 namespace ckptfs::cli {
 namespace {
@@ -231,6 +233,91 @@ int Forget(const std::string& target, uint64_t keep_last, uint64_t keep_every, b
   }
   if (!doc["gc"].is_null()) {
     PrintGc(doc["gc"]);
+  }
+  return kExitOk;
+}
+
+int Advise(const std::string& target, const std::string& mtbf_text, double save_seconds,
+           bool as_json) {
+  auto mtbf = ParseDuration(mtbf_text);
+  if (!mtbf.ok()) {
+    std::fprintf(stderr, "ckptfs: --mtbf: %s\n", mtbf.status().message().c_str());
+    return kExitUsage;
+  }
+  json doc = {{"store", nullptr}, {"mount", nullptr}, {"measured", json::array()}};
+  std::string source = "given";
+  if (save_seconds <= 0) {
+    if (target.empty()) {
+      std::fprintf(stderr,
+                   "ckptfs: advise needs a save cost: a STORE or MNT whose versions measure it, "
+                   "or --save-seconds S\n");
+      return kExitUsage;
+    }
+    auto t = Resolve(target);
+    if (!t.ok()) return Fail(t.status());
+    auto r = RunAdminOn(*t, {{"cmd", "save_cost"}});
+    if (!r.ok()) return Fail(r.status());
+    Describe(*t, &doc);
+    const json& measured = (*r)["measured"];
+    if (measured.empty()) {
+      return Fail(
+          Status::NotFound("nothing measured yet: none of the " +
+                           std::to_string(U((*r)["versions"])) + " versions of " + t->store +
+                           " has files committed one after another that measure a save "
+                           "(at least 1 MiB and a tenth of the version after its first "
+                           "file)"),
+          "save a few checkpoints of several files first, or give the cost of a save "
+          "with --save-seconds S");
+    }
+    std::vector<double> costs;
+    for (const auto& v : measured) costs.push_back(v["save_seconds"].get<double>());
+    std::sort(costs.begin(), costs.end());
+    const size_t n = costs.size();
+    save_seconds = n % 2 == 1 ? costs[n / 2] : (costs[n / 2 - 1] + costs[n / 2]) / 2;
+    doc["measured"] = measured;
+    source = "measured";
+  }
+  const double young = YoungInterval(save_seconds, *mtbf);
+  const double daly = DalyInterval(save_seconds, *mtbf);
+  doc["mtbf_seconds"] = *mtbf;
+  doc["save_seconds"] = save_seconds;
+  doc["save_source"] = source;
+  doc["young_seconds"] = young;
+  doc["daly_seconds"] = daly;
+  doc["young_waste"] = ExpectedWaste(young, save_seconds, *mtbf);
+  doc["daly_waste"] = ExpectedWaste(daly, save_seconds, *mtbf);
+  if (as_json) {
+    PrintJson(doc);
+    return kExitOk;
+  }
+  std::printf("checkpoint every %s (Young: sqrt(2 C M)); Daly's higher-order estimate: %s\n",
+              HumanDuration(young).c_str(), HumanDuration(daly).c_str());
+  if (source == "given") {
+    std::printf("  C, one save:  %s (given by --save-seconds)\n",
+                HumanDuration(save_seconds).c_str());
+  } else {
+    std::printf(
+        "  C, one save:  %s, the median of %zu recent versions of %s (%s), each its bytes at "
+        "the write rate measured from its files' commit times:\n",
+        HumanDuration(save_seconds).c_str(), doc["measured"].size(),
+        doc["store"].get<std::string>().c_str(),
+        doc["mount"].is_null() ? "the store's catalog" : "asked through its daemon");
+    for (const auto& v : doc["measured"]) {
+      std::printf("      %-24s %10s; %s committed in %s, %s/s -> %s\n",
+                  v["name"].get<std::string>().c_str(), HumanBytes(U(v["logical_bytes"])).c_str(),
+                  HumanBytes(U(v["measured_bytes"])).c_str(),
+                  HumanDuration(v["measured_seconds"].get<double>()).c_str(),
+                  HumanBytes(static_cast<uint64_t>(v["bytes_per_second"].get<double>())).c_str(),
+                  HumanDuration(v["save_seconds"].get<double>()).c_str());
+    }
+  }
+  std::printf("  M, MTBF:      %s (given by --mtbf)\n", HumanDuration(*mtbf).c_str());
+  std::printf(
+      "  time lost to saves and to work redone after a failure: about %.1f%% (Young), "
+      "%.1f%% (Daly)\n",
+      100 * doc["young_waste"].get<double>(), 100 * doc["daly_waste"].get<double>());
+  if (save_seconds >= 2 * *mtbf) {
+    std::printf("  a save costs more than twice the MTBF: checkpointing cannot keep up\n");
   }
   return kExitOk;
 }

@@ -22,6 +22,10 @@ int Log(const std::string& target, const std::string& version, bool json);
 // sealed are always kept. dry_run: say what would go, change nothing.
 int Forget(const std::string& target, uint64_t keep_last, uint64_t keep_every, bool dry_run,
            bool json);
+// advise: the checkpoint interval (Young, Daly; cli/advise.h) for the given MTBF and the save
+// cost measured on `target`'s recent versions, or `save_seconds` when > 0 (target may then be
+// empty). Exit 1 when nothing is measured yet, 2 for a malformed duration.
+int Advise(const std::string& target, const std::string& mtbf, double save_seconds, bool json);
 // status: the ckptfs mounts of this machine and their daemons.
 int ShowStatus(bool json);
 

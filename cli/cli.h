@@ -5,11 +5,11 @@
 // With --json a command prints exactly one JSON object on stdout, in the schema docs/cli.md
 // gives for it; words go to stdout otherwise.
 //
-// Units: main.cc (arguments, help, did-you-mean, dispatch), mounts.cc (which mount serves a
-// path or a store), store_commands.cc (put/get/ls/rm/init/upgrade), mount_commands.cc
-// (mount/umount/sync/seal), admin_commands.cc + admin_client.cc (log/forget/status/stats/
-// verify/gc: through the
-// daemon when the store is mounted, else on the store directly).
+// Units: main.cc (arguments, help, did-you-mean for commands and options, dispatch), mounts.cc
+// (which mount serves a path or a store), store_commands.cc (put/get/ls/rm/init/upgrade),
+// mount_commands.cc (mount/umount/sync/seal), admin_commands.cc + admin_client.cc (log/forget/
+// status/stats/verify/gc/advise: through the daemon when the store is mounted, else on the
+// store directly; advise's arithmetic in advise.h), export_commands.cc (diff/export/restore).
 #pragma once
 
 #include <nlohmann/json.hpp>

@@ -6,6 +6,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <iostream>
 
@@ -56,6 +57,55 @@ std::optional<std::string> Closest(const std::string& word, const std::vector<st
   return best;
 }
 
+constexpr const char* kTargetHelp = "a store directory, or a ckptfs mount (or a path inside one)";
+constexpr const char* kJsonHelp = "print one JSON object (schema in docs/cli.md) instead of words";
+
+// A command on a STORE|MNT target (its first argument) that can answer in JSON.
+CLI::App* TargetCommand(CLI::App& app, const char* name, const char* what, std::string* target,
+                        bool* json) {
+  CLI::App* sub = app.add_subcommand(name, what);
+  sub->add_option("STORE", *target, kTargetHelp)->required();
+  sub->add_flag("--json", *json, kJsonHelp);
+  return sub;
+}
+
+// `word` is not a command: says so, with the command probably meant; returns kExitUsage.
+int UnknownCommand(const std::string& word, const std::vector<std::string>& names) {
+  std::fprintf(stderr, "ckptfs: '%s' is not a ckptfs command.", word.c_str());
+  if (auto close = Closest(word, names))
+    std::fprintf(stderr, " Did you mean '%s'?", close->c_str());
+  std::fprintf(stderr, "\nSee `ckptfs help` for the commands.\n");
+  return kExitUsage;
+}
+
+// After a parse error: the first option of argv that neither `sub` nor
+// `app` knows, and the option of `sub` it was probably meant to be. Words on stderr; false
+// when no unknown option is found (the error is about something else).
+bool ExplainUnknownOption(const CLI::App& app, const CLI::App& sub, int argc, char** argv) {
+  std::vector<std::string> known;
+  for (const CLI::Option* opt : sub.get_options()) {
+    for (const auto& l : opt->get_lnames()) known.push_back("--" + l);
+    for (const auto& s : opt->get_snames()) known.push_back("-" + s);
+  }
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--") break;
+    if (arg.size() < 2 || arg[0] != '-' || std::isdigit(static_cast<unsigned char>(arg[1]))) {
+      continue;
+    }
+    arg = arg.substr(0, arg.find('='));
+    if (sub.get_option_no_throw(arg) != nullptr || app.get_option_no_throw(arg) != nullptr) {
+      continue;
+    }
+    std::fprintf(stderr, "ckptfs %s: no option '%s'.", sub.get_name().c_str(), arg.c_str());
+    if (auto close = Closest(arg, known))
+      std::fprintf(stderr, " Did you mean '%s'?", close->c_str());
+    std::fprintf(stderr, "\nSee `ckptfs help %s` for its arguments.\n", sub.get_name().c_str());
+    return true;
+  }
+  return false;
+}
+
 }  // namespace
 }  // namespace ckptfs::cli
 
@@ -68,7 +118,8 @@ int main(int argc, char** argv) {
 
   CLI::App app{
       "ckptfs: a deduplicating, compressing store for deep-learning checkpoints.\n"
-      "`ckptfs help COMMAND` describes a command; docs/cli.md has the --json schemas."};
+      "`ckptfs help COMMAND` describes a command; docs/cli.md has the --json schemas.",
+      "ckptfs"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "ckptfs " CKPTFS_VERSION " (store format " +
                                         std::to_string(kStoreFormatVersion) + ")");
@@ -78,8 +129,6 @@ int main(int argc, char** argv) {
   bool create = false, json = false;
   double rewrite_below = 0.5;
   const char* kStoreHelp = "the store directory";
-  const char* kTargetHelp = "a store directory, or a ckptfs mount (or a path inside one)";
-  const char* kJsonHelp = "print one JSON object (schema in docs/cli.md) instead of words";
 
   auto* init = app.add_subcommand("init", "create a store and record its settings (codec)");
   init->add_option("STORE", store, "a new or empty directory for the store")->required();
@@ -106,32 +155,26 @@ int main(int argc, char** argv) {
   auto* ls = app.add_subcommand("ls", "list the names given to put, with their sizes");
   ls->add_option("STORE", store, kStoreHelp)->required();
   ls->add_flag("--json", json, kJsonHelp);
-  auto* verify =
-      app.add_subcommand("verify", "check every record and reference; exit 1 on any problem");
-  verify->add_option("STORE", store, kTargetHelp)->required();
-  verify->add_flag("--json", json, kJsonHelp);
-  auto* gc =
-      app.add_subcommand("gc", "free unreferenced chunks and compact packs (STORE or a mount)");
-  gc->add_option("STORE", store, kTargetHelp)->required();
+  auto* verify = TargetCommand(
+      app, "verify", "check every record and reference; exit 1 on any problem", &store, &json);
+  auto* gc = TargetCommand(
+      app, "gc", "free unreferenced chunks and compact packs (STORE or a mount)", &store, &json);
   gc->add_option("--rewrite-below", rewrite_below,
                  "rewrite packs whose live fraction is below this")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
-  gc->add_flag("--json", json, kJsonHelp);
-  auto* stats = app.add_subcommand("stats", "logical vs stored bytes (STORE or a mount)");
-  stats->add_option("STORE", store, kTargetHelp)->required();
-  stats->add_flag("--json", json, kJsonHelp);
+  auto* stats =
+      TargetCommand(app, "stats", "logical vs stored bytes (STORE or a mount)", &store, &json);
   std::string version;
-  auto* log = app.add_subcommand(
-      "log", "the versions: when, sealed, files, bytes each added to the store, training step");
-  log->add_option("STORE", store, kTargetHelp)->required();
+  auto* log = TargetCommand(
+      app, "log", "the versions: when, sealed, files, bytes each added to the store, training step",
+      &store, &json);
   log->add_option("VERSION", version, "one version, with its files");
-  log->add_flag("--json", json, kJsonHelp);
   uint64_t keep_last = 0, keep_every = 0;
   bool dry_run = false;
-  auto* forget = app.add_subcommand(
-      "forget", "remove old sealed versions, keeping the last N (and every K-th), then gc");
-  forget->add_option("STORE", store, kTargetHelp)->required();
+  auto* forget = TargetCommand(
+      app, "forget", "remove old sealed versions, keeping the last N (and every K-th), then gc",
+      &store, &json);
   forget->add_option("--keep-last", keep_last, "keep the newest N versions")
       ->required()
       ->check(CLI::PositiveNumber);
@@ -140,14 +183,12 @@ int main(int argc, char** argv) {
                    "also keep every K-th version counted from the oldest (1st, K+1-th, ...)")
       ->check(CLI::PositiveNumber);
   forget->add_flag("--dry-run", dry_run, "say what would be removed; change nothing");
-  forget->add_flag("--json", json, kJsonHelp);
   std::string v1, v2, dest, to, dtype;
-  auto* diff = app.add_subcommand(
-      "diff", "compare two versions per file and per tensor (changed elements, max |diff|)");
-  diff->add_option("STORE", store, kTargetHelp)->required();
+  auto* diff = TargetCommand(
+      app, "diff", "compare two versions per file and per tensor (changed elements, max |diff|)",
+      &store, &json);
   diff->add_option("V1", v1, "the older version")->required();
   diff->add_option("V2", v2, "the newer version")->required();
-  diff->add_flag("--json", json, kJsonHelp);
   auto* export_ = app.add_subcommand(
       "export",
       "write a checkpoint's tensors as a torch file, safetensors or .npy files (no pickle code "
@@ -165,12 +206,29 @@ int main(int argc, char** argv) {
   export_->add_option("--dtype", dtype, "convert floating tensors: fp32, bf16 or fp16")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   export_->add_flag("--json", json, kJsonHelp);
-  auto* restore = app.add_subcommand(
-      "restore", "copy a version's files out of a store (mounted or not) into a new directory");
-  restore->add_option("STORE", store, kTargetHelp)->required();
+  auto* restore = TargetCommand(
+      app, "restore", "copy a version's files out of a store (mounted or not) into a new directory",
+      &store, &json);
   restore->add_option("VERSION", version, "the version to restore")->required();
   restore->add_option("DIR", dest, "a new directory")->required();
-  restore->add_flag("--json", json, kJsonHelp);
+  std::string mtbf;
+  double save_seconds = 0;
+  auto* advise = app.add_subcommand(
+      "advise",
+      "how often to checkpoint: Young's and Daly's interval from the mean time between failures "
+      "and the save cost measured on the store's recent versions");
+  advise->add_option("STORE", store,
+                     "the store (or mount) whose versions measure the save cost; not needed "
+                     "with --save-seconds");
+  advise
+      ->add_option("--mtbf", mtbf,
+                   "mean time between failures of the job: 6h, 90m, 2d, 1h30m (s, m, h, d, w)")
+      ->required();
+  advise
+      ->add_option("--save-seconds", save_seconds,
+                   "the cost of one save in seconds, instead of what the store measured")
+      ->check(CLI::PositiveNumber);
+  advise->add_flag("--json", json, kJsonHelp);
   auto* status = app.add_subcommand(
       "status", "the ckptfs mounts of this machine: stores, daemons, settings, queues");
   status->add_flag("--json", json, kJsonHelp);
@@ -265,23 +323,26 @@ int main(int argc, char** argv) {
     return kExitUsage;
   }
   // A mistyped command: say which one was probably meant.
+  int command_at = 0;
   for (int i = 1; i < argc; ++i) {
     std::string word = argv[i];
     if (word.empty() || word[0] == '-') continue;
     if (std::find(names.begin(), names.end(), word) == names.end()) {
-      std::fprintf(stderr, "ckptfs: '%s' is not a ckptfs command.", word.c_str());
-      if (auto close = Closest(word, names)) {
-        std::fprintf(stderr, " Did you mean '%s'?", close->c_str());
-      }
-      std::fprintf(stderr, "\nSee `ckptfs help` for the commands.\n");
-      return kExitUsage;
+      return UnknownCommand(word, names);
     }
+    command_at = i;
     break;
   }
 
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    // A mistyped option (which may also leave a required one missing): name the one meant.
+    // argv[command_at] is a command (checked above).
+    if (e.get_exit_code() != 0 && command_at > 0 &&
+        ExplainUnknownOption(app, *app.get_subcommand(argv[command_at]), argc, argv)) {
+      return kExitUsage;
+    }
     int rc = app.exit(e);
     return rc == 0 ? kExitOk : kExitUsage;
   }
@@ -289,19 +350,15 @@ int main(int argc, char** argv) {
 
   if (*help) {
     if (help_topic.empty()) {  // app.help() would describe the selected command: help itself
-      std::fputs(app.get_formatter()->make_help(&app, "", CLI::AppFormatMode::Normal).c_str(),
-                 stdout);
+      std::fputs(
+          app.get_formatter()->make_help(&app, app.get_name(), CLI::AppFormatMode::Normal).c_str(),
+          stdout);
       return kExitOk;
     }
     if (std::find(names.begin(), names.end(), help_topic) == names.end()) {
-      std::fprintf(stderr, "ckptfs: no command '%s'.", help_topic.c_str());
-      if (auto close = Closest(help_topic, names)) {
-        std::fprintf(stderr, " Did you mean '%s'?", close->c_str());
-      }
-      std::fprintf(stderr, "\n");
-      return kExitUsage;
+      return UnknownCommand(help_topic, names);
     }
-    std::fputs(app.get_subcommand(help_topic)->help().c_str(), stdout);
+    std::fputs(app.get_subcommand(help_topic)->help(app.get_name()).c_str(), stdout);
     return kExitOk;
   }
   if (*init) return Init(store, codec, json);
@@ -319,6 +376,7 @@ int main(int argc, char** argv) {
   if (*diff) return Diff(store, v1, v2, json);
   if (*export_) return Export(name, dest, to, dtype, json);
   if (*restore) return Restore(store, version, dest, json);
+  if (*advise) return Advise(store, mtbf, save_seconds, json);
   if (*mount) {
     auto cache = ParseSize(cache_size);
     auto inflight = ParseSize(inflight_size);

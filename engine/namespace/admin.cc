@@ -435,6 +435,54 @@ Result<json> Files(Store* store, const json& request) {
   return json{{"files", files}};
 }
 
+// ---- save cost (`ckptfs advise`) ----------------------------------------------------------
+
+// What the recent versions say about the cost of a save (docs/cli.md "advise"). A file's
+// content row records when its commit finished; in a version whose files were written one
+// after another, the files committed after the first were written between the first commit
+// and the last, so (bytes of those files) / (that span) is a write throughput measured on a
+// real save, and the version's logical bytes at that throughput its save cost. Versions whose
+// span covers too little (under kMinMeasuredBytes, or under a tenth of the version: a small
+// trainer_state.json written after the model says more about the training loop than the
+// store) are not measured.
+Result<json> SaveCost(Store* store, const json& request) {
+  constexpr uint64_t kMinMeasuredBytes = 1 << 20;
+  const uint64_t most = std::max<uint64_t>(1, request.value("versions", uint64_t{5}));
+  CKPTFS_ASSIGN_OR_RETURN(auto txn, store->catalog().BeginRead());
+  CKPTFS_ASSIGN_OR_RETURN(std::vector<Version> versions, ListVersions(txn));
+  json measured = json::array();
+  uint64_t unmeasured = 0;
+  for (auto v = versions.rbegin(); v != versions.rend() && measured.size() < most; ++v) {
+    std::vector<FileInfo> files;
+    CKPTFS_RETURN_IF_ERROR(VersionTree(txn, *v, &files));
+    std::vector<std::pair<uint64_t, uint64_t>> commits;  // (commit ns, bytes)
+    uint64_t logical = 0;
+    for (const auto& f : files) {
+      if (!f.inode.is_reg() || f.inode.content == 0) continue;
+      logical += f.inode.size;
+      CKPTFS_ASSIGN_OR_RETURN(std::optional<ContentRow> row, txn.GetContent(f.inode.content));
+      if (row && row->created_unix_ns != 0) commits.emplace_back(row->created_unix_ns, row->size);
+    }
+    std::sort(commits.begin(), commits.end());
+    uint64_t bytes = 0;
+    for (size_t i = 1; i < commits.size(); ++i) bytes += commits[i].second;
+    const uint64_t span_ns = commits.size() < 2 ? 0 : commits.back().first - commits.front().first;
+    if (span_ns == 0 || bytes < kMinMeasuredBytes || bytes * 10 < logical) {
+      ++unmeasured;
+      continue;
+    }
+    const double seconds = static_cast<double>(span_ns) / 1e9;
+    const double rate = static_cast<double>(bytes) / seconds;
+    measured.push_back({{"name", v->name},
+                        {"logical_bytes", logical},
+                        {"measured_bytes", bytes},
+                        {"measured_seconds", seconds},
+                        {"bytes_per_second", rate},
+                        {"save_seconds", static_cast<double>(logical) / rate}});
+  }
+  return json{{"versions", versions.size()}, {"unmeasured", unmeasured}, {"measured", measured}};
+}
+
 // ---- diff ---------------------------------------------------------------------------------
 
 // The files of version `name` by path (NotFound if there is no such version).
@@ -742,6 +790,7 @@ Result<json> RunAdmin(Store* store, FileSystem* fs, const json& request) {
   if (cmd == "files") return Files(store, request);
   if (cmd == "diff") return Diff(store, request);
   if (cmd == "forget_plan") return ForgetPlan(store, request);
+  if (cmd == "save_cost") return SaveCost(store, request);
   if (cmd == "stats") {
     CKPTFS_ASSIGN_OR_RETURN(StoreStats st, store->Stats());
     json out = StatsOf(*store, st);

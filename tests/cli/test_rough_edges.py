@@ -185,6 +185,38 @@ class Help(unittest.TestCase):
         self.assertEqual(p.returncode, 2)
         self.assertIn("not a ckptfs command", p.stderr)
 
+    def test_a_mistyped_option_gets_a_suggestion(self):
+        for args, typo, meant in ((("mount", "s", "m", "--cach-size", "1G"), "--cach-size",
+                                   "--cache-size"),
+                                  (("verify", "x", "--jsn"), "--jsn", "--json"),
+                                  (("forget", "x", "--keep-lst", "3"), "--keep-lst", "--keep-last"),
+                                  (("advise", "--mtbf=6h", "--save-second", "1"), "--save-second",
+                                   "--save-seconds")):
+            p = run(*args)
+            self.assertEqual(p.returncode, 2, args)
+            self.assertIn("no option '%s'. Did you mean '%s'?" % (typo, meant), p.stderr)
+            self.assertIn("ckptfs help %s" % args[0], p.stderr)
+        p = run("gc", "x", "--frobnicate")
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("no option '--frobnicate'.", p.stderr)
+        self.assertNotIn("Did you mean", p.stderr)
+
+    def test_help_describes_every_command(self):
+        listing = run("help").stdout
+        commands = [line.split()[0] for line in
+                    listing.split("Subcommands:")[1].strip().splitlines() if line.strip()]
+        self.assertIn("advise", commands)
+        self.assertGreaterEqual(len(commands), 20)
+        for command in commands:
+            p = run("help", command)
+            self.assertEqual(p.returncode, 0, command)
+            self.assertIn("Usage:", p.stdout, command)
+            self.assertEqual(p.stdout, run(command, "--help").stdout, command)
+            # Every argument is described: no option line without words after its name.
+            for line in p.stdout.splitlines():
+                if line.strip().startswith("-") and len(line.split()) < 2:
+                    self.fail("%s: %r has no description" % (command, line))
+
     def test_no_command_prints_the_help(self):
         p = run()
         self.assertEqual(p.returncode, 2)
