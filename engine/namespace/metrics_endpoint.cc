@@ -25,11 +25,54 @@ std::string Number(const json& v) {
   return buf;
 }
 
-void Metric(std::string* out, const char* name, const char* type, const char* help,
-            const json& value) {
-  if (!value.is_number()) return;
-  *out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
-  *out += std::string(name) + " " + Number(value) + "\n";
+// One unlabelled metric: its name, Prometheus type and help, and the key of the stats
+// document (admin.h "stats") that holds its value.
+struct Metric {
+  const char* name;
+  const char* type;
+  const char* help;
+  const char* key;
+};
+
+// The store's figures (the top level of the document).
+constexpr Metric kStoreMetrics[] = {
+    {"ckptfs_contents", "gauge", "File contents in the store.", "contents"},
+    {"ckptfs_logical_bytes", "gauge", "Bytes of every content, as files.", "logical_bytes"},
+    {"ckptfs_chunks", "gauge", "Distinct chunks stored.", "chunks"},
+    {"ckptfs_pack_bytes", "gauge", "Bytes of the pack files on disk.", "pack_bytes"},
+    {"ckptfs_stored_over_logical", "gauge", "pack_bytes / logical_bytes.", "stored_over_logical"},
+    {"ckptfs_pack_read_bytes_total", "counter", "Bytes read from pack files.", "pack_read_bytes"},
+    {"ckptfs_pack_reads_total", "counter", "Record reads from pack files.", "pack_reads"},
+    {"ckptfs_cache_hits_total", "counter", "Decoded-chunk cache lookups that hit.", "cache_hits"},
+    {"ckptfs_cache_misses_total", "counter", "Decoded-chunk cache lookups that missed.",
+     "cache_misses"},
+    {"ckptfs_prefetch_loads_total", "counter", "Chunk loads queued by prefetch.", "prefetch_loads"},
+};
+
+// What the daemon counted (the document's "daemon" object).
+constexpr Metric kDaemonMetrics[] = {
+    {"ckptfs_uptime_seconds", "gauge", "Seconds since the daemon started.", "uptime_seconds"},
+    {"ckptfs_bytes_written_total", "counter", "Bytes written through the mount.", "bytes_written"},
+    {"ckptfs_bytes_read_total", "counter", "Bytes read through the mount.", "bytes_read"},
+    {"ckptfs_queued_commits", "gauge", "File commits queued or running.", "queued_commits"},
+    {"ckptfs_pending_bytes", "gauge", "Bytes accepted by write() not yet durable.",
+     "pending_bytes"},
+};
+
+json Get(const json& doc, const char* key) {
+  return doc.is_object() && doc.contains(key) ? doc[key] : json();
+}
+
+// The metrics of `table` whose keys `doc` holds as numbers, with their HELP and TYPE lines.
+template <size_t N>
+void AppendMetrics(std::string* out, const Metric (&table)[N], const json& doc) {
+  for (const Metric& m : table) {
+    const json value = Get(doc, m.key);
+    if (!value.is_number()) continue;
+    out->append("# HELP ").append(m.name).append(" ").append(m.help).append("\n");
+    out->append("# TYPE ").append(m.name).append(" ").append(m.type).append("\n");
+    out->append(m.name).append(" ").append(Number(value)).append("\n");
+  }
 }
 
 bool SendAll(int fd, const std::string& bytes) {
@@ -46,57 +89,28 @@ bool SendAll(int fd, const std::string& bytes) {
 
 std::string PrometheusText(const json& s) {
   std::string out;
-  auto get = [&](const json& doc, const char* key) {
-    return doc.is_object() && doc.contains(key) ? doc[key] : json();
-  };
-  Metric(&out, "ckptfs_contents", "gauge", "File contents in the store.", get(s, "contents"));
-  Metric(&out, "ckptfs_logical_bytes", "gauge", "Bytes of every content, as files.",
-         get(s, "logical_bytes"));
-  Metric(&out, "ckptfs_chunks", "gauge", "Distinct chunks stored.", get(s, "chunks"));
-  Metric(&out, "ckptfs_pack_bytes", "gauge", "Bytes of the pack files on disk.",
-         get(s, "pack_bytes"));
-  Metric(&out, "ckptfs_stored_over_logical", "gauge", "pack_bytes / logical_bytes.",
-         get(s, "stored_over_logical"));
-  Metric(&out, "ckptfs_pack_read_bytes_total", "counter", "Bytes read from pack files.",
-         get(s, "pack_read_bytes"));
-  Metric(&out, "ckptfs_pack_reads_total", "counter", "Record reads from pack files.",
-         get(s, "pack_reads"));
-  Metric(&out, "ckptfs_cache_hits_total", "counter", "Decoded-chunk cache lookups that hit.",
-         get(s, "cache_hits"));
-  Metric(&out, "ckptfs_cache_misses_total", "counter", "Decoded-chunk cache lookups that missed.",
-         get(s, "cache_misses"));
-  Metric(&out, "ckptfs_prefetch_loads_total", "counter", "Chunk loads queued by prefetch.",
-         get(s, "prefetch_loads"));
-  const json d = get(s, "daemon");
+  AppendMetrics(&out, kStoreMetrics, s);
+  const json d = Get(s, "daemon");
   if (!d.is_object()) return out;
-  Metric(&out, "ckptfs_uptime_seconds", "gauge", "Seconds since the daemon started.",
-         get(d, "uptime_seconds"));
-  Metric(&out, "ckptfs_bytes_written_total", "counter", "Bytes written through the mount.",
-         get(d, "bytes_written"));
-  Metric(&out, "ckptfs_bytes_read_total", "counter", "Bytes read through the mount.",
-         get(d, "bytes_read"));
-  Metric(&out, "ckptfs_queued_commits", "gauge", "File commits queued or running.",
-         get(d, "queued_commits"));
-  Metric(&out, "ckptfs_pending_bytes", "gauge", "Bytes accepted by write() not yet durable.",
-         get(d, "pending_bytes"));
-  const json latency = get(d, "latency");
+  AppendMetrics(&out, kDaemonMetrics, d);
+  const json latency = Get(d, "latency");
   if (latency.is_object()) {
     out += "# HELP ckptfs_latency_seconds Latency of the engine's read/write/fsync calls.\n";
     out += "# TYPE ckptfs_latency_seconds summary\n";
     for (const auto& [op, l] : latency.items()) {
       const std::string labels = "{op=\"" + op + "\"";
       for (const auto& [q, key] : {std::pair{"0.5", "p50_us"}, std::pair{"0.99", "p99_us"}}) {
-        const json us = get(l, key);
+        const json us = Get(l, key);
         if (!us.is_number()) continue;
         out += "ckptfs_latency_seconds" + labels + ",quantile=\"" + q + "\"} " +
                Number(us.get<double>() / 1e6) + "\n";
       }
-      const json count = get(l, "count");
+      const json count = Get(l, "count");
       if (count.is_number())
         out += "ckptfs_latency_seconds_count" + labels + "} " + Number(count) + "\n";
     }
   }
-  const json cpu = get(d, "cpu_seconds");
+  const json cpu = Get(d, "cpu_seconds");
   if (cpu.is_object()) {
     out += "# HELP ckptfs_cpu_seconds_total CPU time of the daemon by thread role.\n";
     out += "# TYPE ckptfs_cpu_seconds_total counter\n";
