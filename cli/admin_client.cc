@@ -17,7 +17,8 @@
 namespace ckptfs::cli {
 namespace {
 
-Result<nlohmann::json> ThroughDaemon(const MountEntry& mount, nlohmann::json request) {
+Result<nlohmann::json> ThroughDaemon(const MountEntry& mount, nlohmann::json request,
+                                     const ProgressFn& progress) {
   char path[256] = {0};
   ssize_t n = ::getxattr(mount.mountpoint.c_str(), "user.ckptfs.control", path, sizeof(path) - 1);
   if (n <= 0) {
@@ -38,11 +39,20 @@ Result<nlohmann::json> ThroughDaemon(const MountEntry& mount, nlohmann::json req
                              "connect to the daemon of " + mount.mountpoint + " at " + socket_path);
   }
   request["op"] = "admin";
+  if (progress) request["progress"] = true;
   CKPTFS_RETURN_IF_ERROR(SendFrame(fd.get(), request.dump()));
-  CKPTFS_ASSIGN_OR_RETURN(std::optional<std::string> reply, RecvFrame(fd.get()));
-  if (!reply) return Status::IOError("the daemon of " + mount.mountpoint + " closed the socket");
-  nlohmann::json doc = nlohmann::json::parse(*reply, nullptr, /*allow_exceptions=*/false);
-  if (!doc.is_object()) return Status::IOError("the daemon sent no JSON object");
+  nlohmann::json doc;
+  for (;;) {  // progress frames, then the reply
+    CKPTFS_ASSIGN_OR_RETURN(std::optional<std::string> reply, RecvFrame(fd.get()));
+    if (!reply) return Status::IOError("the daemon of " + mount.mountpoint + " closed the socket");
+    doc = nlohmann::json::parse(*reply, nullptr, /*allow_exceptions=*/false);
+    if (!doc.is_object()) return Status::IOError("the daemon sent no JSON object");
+    if (!doc.contains("progress")) break;
+    const nlohmann::json& p = doc["progress"];
+    if (progress && p.is_object() && p.value("total", uint64_t{0}) > 0) {
+      progress(p.value("done", uint64_t{0}), p.value("total", uint64_t{0}));
+    }
+  }
   if (!doc.value("ok", false)) {
     return Status::IOError(doc.value("error", std::string("the daemon refused the request")));
   }
@@ -54,8 +64,9 @@ Result<nlohmann::json> ThroughDaemon(const MountEntry& mount, nlohmann::json req
 
 }  // namespace
 
-Result<nlohmann::json> RunAdminOn(const Target& target, nlohmann::json request) {
-  if (target.mount) return ThroughDaemon(*target.mount, std::move(request));
+Result<nlohmann::json> RunAdminOn(const Target& target, nlohmann::json request,
+                                  const ProgressFn& progress) {
+  if (target.mount) return ThroughDaemon(*target.mount, std::move(request), progress);
   CKPTFS_ASSIGN_OR_RETURN(std::unique_ptr<Store> store, OpenExistingStore(target.store));
   std::unique_ptr<FileSystem> fs;
   if (request.value("cmd", "") == "remove_version") {
@@ -64,7 +75,7 @@ Result<nlohmann::json> RunAdminOn(const Target& target, nlohmann::json request) 
     options.spool_backlog_bytes = 0;
     CKPTFS_ASSIGN_OR_RETURN(fs, FileSystem::Open(store.get(), options));
   }
-  auto reply = RunAdmin(store.get(), fs.get(), request);
+  auto reply = RunAdmin(store.get(), fs.get(), request, progress);
   fs.reset();
   return reply;
 }

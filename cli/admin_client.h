@@ -8,9 +8,13 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/cli.h"
+#include "engine/util/progress.h"
 
 namespace ckptfs::cli {
 
-Result<nlohmann::json> RunAdminOn(const Target& target, nlohmann::json request);
+// `progress` (when not empty) hears how far verify and gc are: from the daemon's progress
+// frames (control_server.h) for a mounted store, from the store itself otherwise.
+Result<nlohmann::json> RunAdminOn(const Target& target, nlohmann::json request,
+                                  const ProgressFn& progress = {});
 
 }  // namespace ckptfs::cli

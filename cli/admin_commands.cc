@@ -7,6 +7,7 @@
 
 #include "cli/admin_client.h"
 #include "cli/advise.h"
+#include "cli/progress.h"
 
 namespace ckptfs::cli {
 namespace {
@@ -33,18 +34,23 @@ void PrintGc(const json& r) {
 
 Result<Target> Resolve(const std::string& target) { return ResolveTarget(target); }
 
+// Runs `request` on `target` (resolved into *t) and adds where the answer came from.
+Result<json> Ask(const std::string& target, const json& request, Target* t,
+                 const ProgressFn& progress = {}) {
+  CKPTFS_ASSIGN_OR_RETURN(*t, Resolve(target));
+  CKPTFS_ASSIGN_OR_RETURN(json reply, RunAdminOn(*t, request, progress));
+  Describe(*t, &reply);
+  return reply;
+}
+
 }  // namespace
 
 int Verify(const std::string& target, bool as_json) {
-  auto t = Resolve(target);
-  if (!t.ok()) return Fail(t.status());
-  if (!as_json) {
-    std::fprintf(stderr, "verify: reading every record of %s%s...\n", t->store.c_str(),
-                 t->mount ? (" through the daemon of " + t->mount->mountpoint).c_str() : "");
-  }
-  auto r = RunAdminOn(*t, {{"cmd", "verify"}});
+  Target t;
+  ProgressLine line("verify", as_json);
+  auto r = Ask(target, {{"cmd", "verify"}}, &t, line.Fn());
+  line.Done();
   if (!r.ok()) return Fail(r.status());
-  Describe(*t, &*r);
   bool ok = (*r)["ok"].get<bool>();
   if (as_json) {
     PrintJson(*r);
@@ -57,20 +63,21 @@ int Verify(const std::string& target, bool as_json) {
                   U(d["offset"]), U(d["offset"].get<uint64_t>() + d["length"].get<uint64_t>()),
                   d["problem"].get<std::string>().c_str());
     }
+    const std::string how = t.mount ? "by the daemon of " + t.mount->mountpoint : "offline";
     std::printf(
-        "verify: %llu chunks, %llu contents checked: %s\n", U((*r)["chunks_checked"]),
-        U((*r)["contents_checked"]),
+        "verify: %llu chunks, %llu contents of %s checked %s: %s\n", U((*r)["chunks_checked"]),
+        U((*r)["contents_checked"]), t.store.c_str(), how.c_str(),
         ok ? "no problems" : (std::to_string((*r)["problems"].size()) + " problems").c_str());
   }
   return ok ? kExitOk : kExitFailure;
 }
 
 int Gc(const std::string& target, double rewrite_below, bool as_json) {
-  auto t = Resolve(target);
-  if (!t.ok()) return Fail(t.status());
-  auto r = RunAdminOn(*t, {{"cmd", "gc"}, {"rewrite_below", rewrite_below}});
+  Target t;
+  ProgressLine line("gc", as_json);
+  auto r = Ask(target, {{"cmd", "gc"}, {"rewrite_below", rewrite_below}}, &t, line.Fn());
+  line.Done();
   if (!r.ok()) return Fail(r.status());
-  Describe(*t, &*r);
   if (as_json) {
     PrintJson(*r);
     return kExitOk;
@@ -80,11 +87,9 @@ int Gc(const std::string& target, double rewrite_below, bool as_json) {
 }
 
 int Stats(const std::string& target, bool as_json) {
-  auto t = Resolve(target);
-  if (!t.ok()) return Fail(t.status());
-  auto r = RunAdminOn(*t, {{"cmd", "stats"}});
+  Target t;
+  auto r = Ask(target, {{"cmd", "stats"}}, &t);
   if (!r.ok()) return Fail(r.status());
-  Describe(*t, &*r);
   if (as_json) {
     PrintJson(*r);
     return kExitOk;
@@ -129,20 +134,18 @@ int Stats(const std::string& target, bool as_json) {
 }
 
 int Log(const std::string& target, const std::string& version, bool as_json) {
-  auto t = Resolve(target);
-  if (!t.ok()) return Fail(t.status());
   json request = {{"cmd", "log"}};
   if (!version.empty()) request["version"] = version;
-  auto r = RunAdminOn(*t, request);
+  Target t;
+  auto r = Ask(target, request, &t);
   if (!r.ok()) return Fail(r.status());
-  Describe(*t, &*r);
   if (as_json) {
     PrintJson(*r);
     return kExitOk;
   }
   const json& versions = (*r)["versions"];
   if (versions.empty()) {
-    std::printf("no versions in %s\n", t->store.c_str());
+    std::printf("no versions in %s\n", t.store.c_str());
     return kExitOk;
   }
   if (version.empty()) {
@@ -200,9 +203,12 @@ int Forget(const std::string& target, uint64_t keep_last, uint64_t keep_every, b
       *t, {{"cmd", "forget_plan"}, {"keep_last", keep_last}, {"keep_every", keep_every}});
   if (!plan.ok()) return Fail(plan.status());
   const json kept = (*plan)["kept"], forgotten = (*plan)["forgotten"];
+  ProgressLine removing("forget", as_json, ProgressLine::Unit::kVersions);
+  removing.SetTotal(dry_run ? 0 : forgotten.size());
   for (const auto& v : forgotten) {
     const std::string name = v["name"].get<std::string>();
     if (dry_run) break;
+    removing.Add(0);
     if (t->mount) {  // through the mount, so that the kernel forgets the names too
       std::error_code ec;
       std::filesystem::remove_all(std::filesystem::path(t->mount->mountpoint) / name, ec);
@@ -211,10 +217,14 @@ int Forget(const std::string& target, uint64_t keep_last, uint64_t keep_every, b
       auto r = RunAdminOn(*t, {{"cmd", "remove_version"}, {"name", name}});
       if (!r.ok()) return Fail(r.status());
     }
+    removing.Add(1);
   }
+  removing.Done();
   json doc = {{"kept", kept}, {"forgotten", forgotten}, {"dry_run", dry_run}, {"gc", nullptr}};
   if (!dry_run && !forgotten.empty()) {
-    auto gc = RunAdminOn(*t, {{"cmd", "gc"}});
+    ProgressLine line("gc", as_json);
+    auto gc = RunAdminOn(*t, {{"cmd", "gc"}}, line.Fn());
+    line.Done();
     if (!gc.ok()) return Fail(gc.status());
     doc["gc"] = *gc;
   }

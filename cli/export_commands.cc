@@ -11,6 +11,7 @@
 #include <filesystem>
 
 #include "cli/admin_client.h"
+#include "cli/progress.h"
 #include "cli/store_commands.h"
 #include "engine/format/layout.h"
 #include "engine/format/torch_pickle.h"
@@ -29,8 +30,17 @@ constexpr size_t kCopyBlock = 4 << 20;
 
 unsigned long long U(const json& v) { return v.is_number() ? v.get<unsigned long long>() : 0; }
 
-// Writes `size` bytes from `read` into the new file `path`, a block at a time.
-Status CopyOut(const SourceReader& read, uint64_t size, const fs::path& path, mode_t mode) {
+// The bytes of a tensor's data (its .npy image without the .npy header).
+uint64_t DataBytes(const TensorView::Entry& t) {
+  uint64_t elements = 1;
+  for (uint64_t d : t.shape) elements *= d;
+  return elements * ElementSize(t.dtype);
+}
+
+// Writes `size` bytes from `read` into the new file `path`, a block at a time (each one added
+// to `progress`, when given).
+Status CopyOut(const SourceReader& read, uint64_t size, const fs::path& path, mode_t mode,
+               ProgressLine* progress = nullptr) {
   FileDescriptor fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode));
   if (fd.get() < 0) return Status::FromErrno(errno, "create " + path.string());
   std::vector<std::byte> buf(kCopyBlock);
@@ -40,6 +50,7 @@ Status CopyOut(const SourceReader& read, uint64_t size, const fs::path& path, mo
     if (n == 0) return Status::Corruption(path.string() + ": the source ended early");
     CKPTFS_RETURN_IF_ERROR(PWriteFull(fd.get(), off, Bytes(buf.data(), n), path));
     off += n;
+    if (progress != nullptr) progress->Add(n);
   }
   if (::fsync(fd.get()) != 0) return Status::FromErrno(errno, "fsync " + path.string());
   return Status::OK();
@@ -48,9 +59,10 @@ Status CopyOut(const SourceReader& read, uint64_t size, const fs::path& path, mo
 // The tensors of `view` as a torch.save file at the new `path`: our own zip writer (zip.h) and
 // pickle writer (torch_pickle.h), the records named as torch names them (archive/data.pkl,
 // archive/data/N, byteorder, version), each tensor's bytes streamed from the source in C
-// order, its CRC-32 patched into its header once known. Returns the bytes written.
+// order, its CRC-32 patched into its header once known. Returns the bytes written. The
+// tensors' bytes are added to `progress` as they are written.
 Result<uint64_t> WriteTorchFile(const TensorView& view, const SourceReader& read,
-                                const fs::path& path) {
+                                const fs::path& path, ProgressLine* progress) {
   std::vector<TorchTensorOut> tensors;
   for (const auto& t : view.tensors) {
     tensors.push_back({t.name, t.dtype, t.shape, std::to_string(tensors.size())});
@@ -77,9 +89,7 @@ Result<uint64_t> WriteTorchFile(const TensorView& view, const SourceReader& read
   std::vector<std::byte> buf(kCopyBlock);
   for (size_t i = 0; i < view.tensors.size(); ++i) {
     const TensorView::Entry& t = view.tensors[i];
-    uint64_t elements = 1;
-    for (uint64_t d : t.shape) elements *= d;
-    const uint64_t bytes = elements * ElementSize(t.dtype);
+    const uint64_t bytes = DataBytes(t);
     const uint64_t header_at = at;
     CKPTFS_RETURN_IF_ERROR(
         put(zip.LocalHeader(archive + "data/" + std::to_string(i), bytes, 0, at)));
@@ -94,6 +104,7 @@ Result<uint64_t> WriteTorchFile(const TensorView& view, const SourceReader& read
       CKPTFS_RETURN_IF_ERROR(PWriteFull(fd.get(), at, Bytes(buf.data(), n), path));
       at += n;
       off += n;
+      progress->Add(n);
     }
     zip.SetLastCrc(static_cast<uint32_t>(crc));
     std::string le(4, '\0');
@@ -132,6 +143,22 @@ Result<std::optional<ContentLayout>> ScanLayout(const SourceReader& read, uint64
   return std::optional<ContentLayout>(std::move(layout));
 }
 
+// A reader of the open file `fd` (a file in a mount), by pread.
+SourceReader FileReader(std::shared_ptr<FileDescriptor> fd) {
+  return [fd](uint64_t offset, MutableBytes out) -> Result<size_t> {
+    size_t done = 0;
+    while (done < out.size()) {
+      ssize_t n = ::pread(fd->get(), out.data() + done, out.size() - done,
+                          static_cast<off_t>(offset + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return Status::FromErrno(errno, "read");
+      if (n == 0) break;
+      done += static_cast<size_t>(n);
+    }
+    return done;
+  };
+}
+
 Result<Source> OpenSource(const std::string& spec) {
   if (auto m = CkptfsMountHolding(spec)) {  // through the mount
     auto fd = std::make_shared<FileDescriptor>(::open(spec.c_str(), O_RDONLY | O_CLOEXEC));
@@ -140,18 +167,7 @@ Result<Source> OpenSource(const std::string& spec) {
     if (::fstat(fd->get(), &st) != 0) return Status::FromErrno(errno, "stat " + spec);
     Source s;
     s.size = static_cast<uint64_t>(st.st_size);
-    s.read = [fd](uint64_t offset, MutableBytes out) -> Result<size_t> {
-      size_t done = 0;
-      while (done < out.size()) {
-        ssize_t n = ::pread(fd->get(), out.data() + done, out.size() - done,
-                            static_cast<off_t>(offset + done));
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) return Status::FromErrno(errno, "read");
-        if (n == 0) break;
-        done += static_cast<size_t>(n);
-      }
-      return done;
-    };
+    s.read = FileReader(fd);
     s.keep = fd;
     CKPTFS_ASSIGN_OR_RETURN(s.layout, ScanLayout(s.read, s.size));
     return s;
@@ -273,13 +289,20 @@ int Export(const std::string& source, const std::string& dest, const std::string
   std::error_code ec;
   if (fs::exists(dest, ec)) return Fail(Status::AlreadyExists(dest + " exists already"));
   uint64_t written = 0;
+  ProgressLine line("export", as_json);
+  uint64_t tensor_bytes = 0;
+  for (const auto& t : (*view)->tensors) tensor_bytes += DataBytes(t);
+  line.SetTotal(tensor_bytes);
   if (to == "npy") {
+    uint64_t npy_bytes = 0;  // .npy headers included
+    for (const auto& t : (*view)->tensors) npy_bytes += t.npy.size();
+    line.SetTotal(npy_bytes);
     fs::create_directories(dest, ec);
     if (ec) return Fail(Status::IOError("create " + dest + ": " + ec.message()));
     for (const auto& t : (*view)->tensors) {
       Status s =
           CopyOut([&](uint64_t off, MutableBytes out) { return t.npy.Read(off, out, src->read); },
-                  t.npy.size(), fs::path(dest) / t.file, 0644);
+                  t.npy.size(), fs::path(dest) / t.file, 0644, &line);
       if (!s.ok()) return Fail(s);
       written += t.npy.size();
     }
@@ -294,9 +317,7 @@ int Export(const std::string& source, const std::string& dest, const std::string
     uint64_t offset = 0;
     std::vector<std::pair<const TensorView::Entry*, uint64_t>> data;  // entry, data bytes
     for (const auto& t : (*view)->tensors) {
-      uint64_t elements = 1;
-      for (uint64_t d : t.shape) elements *= d;
-      const uint64_t bytes = elements * ElementSize(t.dtype);
+      const uint64_t bytes = DataBytes(t);
       header[t.name] = {{"dtype", std::string(SafetensorsName(t.dtype))},
                         {"shape", t.shape},
                         {"data_offsets", {offset, offset + bytes}}};
@@ -310,6 +331,7 @@ int Export(const std::string& source, const std::string& dest, const std::string
     for (int i = 0; i < 8; ++i) prefix[i] = static_cast<char>((len >> (8 * i)) & 0xff);
     prefix += text;
     const uint64_t total = prefix.size() + offset;
+    line.SetTotal(total);
     // One virtual file: the header, then each tensor's .npy data (after its .npy header).
     Status s = CopyOut(
         [&](uint64_t off, MutableBytes out) -> Result<size_t> {
@@ -339,16 +361,17 @@ int Export(const std::string& source, const std::string& dest, const std::string
           }
           return done;
         },
-        total, dest, 0644);
+        total, dest, 0644, &line);
     if (!s.ok()) return Fail(s);
     written = total;
   } else if (to == "pt") {
-    auto total = WriteTorchFile(**view, src->read, dest);
+    auto total = WriteTorchFile(**view, src->read, dest, &line);
     if (!total.ok()) return Fail(total.status());
     written = *total;
   } else {
     return Fail(Status::InvalidArgument("--to " + to + ": pt, safetensors or npy"));
   }
+  line.Done();
   if (as_json) {
     PrintJson({{"source", source},
                {"dest", RealPath(dest)},
@@ -369,57 +392,60 @@ int Restore(const std::string& target, const std::string& version, const std::st
   if (!t.ok()) return Fail(t.status());
   std::error_code ec;
   if (fs::exists(dir, ec)) return Fail(Status::AlreadyExists(dir + " exists already"));
-  uint64_t files = 0, bytes = 0;
-  if (t->mount) {  // a mounted store: copy its files out of the mount
-    fs::path from = fs::path(t->mount->mountpoint) / version;
-    // The daemon says what the version is (a directory, or a file version: docs/fs.md).
-    auto list = RunAdminOn(*t, {{"cmd", "files"}, {"version", version}});
-    if (!list.ok()) return Fail(list.status());
-    if (fs::is_directory(from, ec)) {
-      fs::copy(from, dir, fs::copy_options::recursive | fs::copy_options::copy_symlinks, ec);
-    } else {  // a file version: its one file, into DIR as the offline restore puts it
-      fs::create_directories(dir, ec);
-      if (!ec) fs::copy_file(from, fs::path(dir) / from.filename(), ec);
-    }
-    if (ec) return Fail(Status::IOError("copy " + from.string() + ": " + ec.message()));
-    for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::end(it);
-         it.increment(ec)) {
-      if (it->is_regular_file() && !it->is_symlink()) {
-        ++files;
-        bytes += it->file_size();
-      }
-    }
-  } else {
-    auto store = OpenExistingStore(t->store);
-    if (!store.ok()) return Fail(store.status());
-    auto list = RunAdmin(store->get(), nullptr, {{"cmd", "files"}, {"version", version}});
-    if (!list.ok()) return Fail(list.status());
-    fs::create_directories(dir, ec);
-    if (ec) return Fail(Status::IOError("create " + dir + ": " + ec.message()));
-    Store* st = store->get();
-    for (const auto& f : (*list)["files"]) {
-      fs::path path = fs::path(dir) / f["path"].get<std::string>();
-      const std::string type = f["type"].get<std::string>();
-      if (type == "dir") {
-        fs::create_directories(path, ec);
-        if (ec) return Fail(Status::IOError("create " + path.string() + ": " + ec.message()));
-      } else if (type == "symlink") {
-        fs::create_symlink(f["symlink"].get<std::string>(), path, ec);
-        if (ec) return Fail(Status::IOError("symlink " + path.string() + ": " + ec.message()));
-      } else {
-        const ContentId content = U(f["content"]);
-        Status s = CopyOut(
-            [&](uint64_t off, MutableBytes out) -> Result<size_t> {
-              if (content == 0) return size_t{0};
-              return st->Read(content, off, out);
-            },
-            U(f["size"]), path, static_cast<mode_t>(U(f["mode"]) & 07777));
-        if (!s.ok()) return Fail(s);
-        ++files;
-        bytes += U(f["size"]);
-      }
-    }
+  // What the version holds (a directory's tree, or a file version's one file: docs/fs.md),
+  // from the daemon or the store; the bytes then come through the mount (so that the kernel's
+  // view is the one copied) or from the store.
+  std::unique_ptr<Store> store;
+  if (!t->mount) {
+    auto opened = OpenExistingStore(t->store);
+    if (!opened.ok()) return Fail(opened.status());
+    store = std::move(*opened);
   }
+  const json request = {{"cmd", "files"}, {"version", version}};
+  auto list = t->mount ? RunAdminOn(*t, request) : RunAdmin(store.get(), nullptr, request);
+  if (!list.ok()) return Fail(list.status());
+  uint64_t files = 0, bytes = 0, total = 0;
+  for (const auto& f : (*list)["files"]) total += f["type"] == "file" ? U(f["size"]) : 0;
+  fs::path mounted;  // the version in the mount: a directory, or a file version's file
+  if (t->mount) mounted = fs::path(t->mount->mountpoint) / version;
+  const bool file_version = t->mount && !fs::is_directory(mounted, ec);
+  ProgressLine line("restore", as_json);
+  line.SetTotal(total);
+  fs::create_directories(dir, ec);
+  if (ec) return Fail(Status::IOError("create " + dir + ": " + ec.message()));
+  for (const auto& f : (*list)["files"]) {
+    const std::string rel = f["path"].get<std::string>();
+    const fs::path path = fs::path(dir) / rel;
+    const std::string type = f["type"].get<std::string>();
+    if (type == "dir") {
+      fs::create_directories(path, ec);
+      if (ec) return Fail(Status::IOError("create " + path.string() + ": " + ec.message()));
+      continue;
+    }
+    if (type == "symlink") {
+      fs::create_symlink(f["symlink"].get<std::string>(), path, ec);
+      if (ec) return Fail(Status::IOError("symlink " + path.string() + ": " + ec.message()));
+      continue;
+    }
+    SourceReader read;
+    if (t->mount) {
+      const fs::path from = file_version ? mounted : mounted / rel;
+      auto fd = std::make_shared<FileDescriptor>(::open(from.c_str(), O_RDONLY | O_CLOEXEC));
+      if (fd->get() < 0) return Fail(Status::FromErrno(errno, "open " + from.string()));
+      read = FileReader(fd);
+    } else {
+      read = [st = store.get(), content = ContentId{U(f["content"])}](
+                 uint64_t off, MutableBytes out) -> Result<size_t> {
+        if (content == 0) return size_t{0};
+        return st->Read(content, off, out);
+      };
+    }
+    Status s = CopyOut(read, U(f["size"]), path, static_cast<mode_t>(U(f["mode"]) & 07777), &line);
+    if (!s.ok()) return Fail(s);
+    ++files;
+    bytes += U(f["size"]);
+  }
+  line.Done();
   if (as_json) {
     PrintJson({{"store", RealPath(t->store)},
                {"mount", t->mount ? json(t->mount->mountpoint) : json()},

@@ -781,7 +781,8 @@ Result<json> DamagedFiles(Store& store, const VerifyReport& report) {
 
 }  // namespace
 
-Result<json> RunAdmin(Store* store, FileSystem* fs, const json& request) {
+Result<json> RunAdmin(Store* store, FileSystem* fs, const json& request,
+                      const ProgressFn& progress) {
   if (!request.is_object() || !request.contains("cmd") || !request["cmd"].is_string()) {
     return Status::InvalidArgument("an admin request needs cmd");
   }
@@ -815,7 +816,7 @@ Result<json> RunAdmin(Store* store, FileSystem* fs, const json& request) {
     return out;
   }
   if (cmd == "verify") {
-    CKPTFS_ASSIGN_OR_RETURN(VerifyReport r, store->Verify());
+    CKPTFS_ASSIGN_OR_RETURN(VerifyReport r, store->Verify(progress));
     CKPTFS_ASSIGN_OR_RETURN(json damaged, DamagedFiles(*store, r));
     return json{{"chunks_checked", r.chunks_checked},
                 {"contents_checked", r.contents_checked},
@@ -825,6 +826,7 @@ Result<json> RunAdmin(Store* store, FileSystem* fs, const json& request) {
   }
   if (cmd == "gc") {
     GcOptions options;
+    options.progress = progress;
     if (request.contains("rewrite_below") && request["rewrite_below"].is_number()) {
       options.rewrite_below = request["rewrite_below"].get<double>();
     }

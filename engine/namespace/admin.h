@@ -43,10 +43,14 @@
 
 #include "engine/namespace/filesystem.h"
 #include "engine/store/store.h"
+#include "engine/util/progress.h"
 
 namespace ckptfs {
 
 // `fs` may be null for requests that need no namespace changes (all but remove_version and gc).
-Result<nlohmann::json> RunAdmin(Store* store, FileSystem* fs, const nlohmann::json& request);
+// `progress`, when given, hears how far verify (record bytes checked) and gc (bytes of the
+// packs it rewrites gone through) are, on the calling thread.
+Result<nlohmann::json> RunAdmin(Store* store, FileSystem* fs, const nlohmann::json& request,
+                                const ProgressFn& progress = {});
 
 }  // namespace ckptfs

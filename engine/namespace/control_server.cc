@@ -19,6 +19,9 @@ namespace {
 
 using nlohmann::json;
 
+// How often an admin request asked with progress sends a progress frame (at most).
+constexpr std::chrono::milliseconds kAdminProgressInterval(100);
+
 std::string Ok(json extra = json::object()) {
   extra["ok"] = true;
   return extra.dump();
@@ -198,7 +201,17 @@ std::string ControlServer::Handle(Connection& conn, const std::string& request) 
   if (op == "reserve_pack") return ReservePack(conn);
   if (op == "commit") return Commit(conn, request);
   if (op == "admin") {  // the ckptfs command's requests for a mounted store (admin.h)
-    auto reply = RunAdmin(store_, fs_, req);
+    ProgressFn progress;
+    ProgressThrottle throttle(kAdminProgressInterval);
+    bool peer_gone = false;
+    if (req.value("progress", false)) {  // frames {ok, progress: {done, total}} until the reply
+      progress = [&](uint64_t done, uint64_t total) {
+        if (peer_gone || !throttle.Due(done, total)) return;
+        peer_gone =
+            !SendFrame(conn.fd.get(), Ok({{"progress", {{"done", done}, {"total", total}}}})).ok();
+      };
+    }
+    auto reply = RunAdmin(store_, fs_, req, progress);
     return reply.ok() ? Ok({{"reply", *reply}}) : Error(reply.status());
   }
   return Error(Status::InvalidArgument("unknown op " + op));

@@ -9,7 +9,9 @@
 //   commit {file, size, pack_id, pack_length, chunks, shard}
 //                                       -> {state: accepted} once its records are checked,
 //                                          later {state: complete} once the version is visible
-//   admin {cmd, ...}                    -> {reply}: the `ckptfs` command's requests (admin.h)
+//   admin {cmd, ..., progress?: true}   -> {reply}: the `ckptfs` command's requests (admin.h);
+//                                          with progress, first frames {progress: {done,
+//                                          total}} (verify, gc: bytes; at most one per 100 ms)
 //
 // When the last of world_size ranks has committed, the version appears in one transaction
 // (FileSystem::AddExternalVersion). A rank whose connection closes before it committed

@@ -118,7 +118,11 @@ Result<GcReport> Store::Gc(const GcOptions& options) {
   };
   std::stable_sort(victims.begin(), victims.end(),
                    [&](uint32_t a, uint32_t b) { return live_bytes(a) < live_bytes(b); });
+  uint64_t victim_bytes = 0, rewritten_bytes = 0;
+  for (uint32_t pack_id : victims) victim_bytes += committed[pack_id];
   for (uint32_t pack_id : victims) {
+    if (options.progress) options.progress(rewritten_bytes, victim_bytes);
+    rewritten_bytes += committed[pack_id];
     Status s = RewritePack(pack_id, live[pack_id], options, &report);
     if (!s.ok()) {
       if (s.IsCorruption()) {
@@ -134,6 +138,7 @@ Result<GcReport> Store::Gc(const GcOptions& options) {
       return s;
     }
   }
+  if (options.progress && victim_bytes > 0) options.progress(rewritten_bytes, victim_bytes);
   report.pack_bytes_after = PackBytesOnDisk();
   if (!catalog_->reserve_held()) {
     Status refill = catalog_->RefillReserve();

@@ -52,6 +52,7 @@
 #include "engine/store/chunk_reader.h"
 #include "engine/store/pack_writer.h"
 #include "engine/util/file.h"
+#include "engine/util/progress.h"
 #include "engine/util/status.h"
 #include "engine/util/worker_pool.h"
 
@@ -131,6 +132,9 @@ struct GcOptions {
   double rewrite_below = 0.5;
   // Test hook: runs after each record gc copies.
   std::function<void()> after_record_copied;
+  // Bytes of the packs to rewrite that gc has gone through (the step that takes time); not
+  // called when no pack is rewritten.
+  ProgressFn progress;
 };
 
 struct GcReport {
@@ -213,7 +217,8 @@ class Store {
 
   Result<GcReport> Gc(const GcOptions& options = {});
   // Reads and checks every record (checksums, decoding, SHA-256) and every reference.
-  Result<VerifyReport> Verify() const;
+  // `progress` (when given) hears the record bytes checked of all the records'.
+  Result<VerifyReport> Verify(const ProgressFn& progress = {}) const;
   Result<StoreStats> Stats() const;
 
   // ---- Packs written by other processes (engine/store/adopt.cc; docs/snapshot.md) ---------

@@ -7,7 +7,7 @@
 
 namespace ckptfs {
 
-Result<VerifyReport> Store::Verify() const {
+Result<VerifyReport> Store::Verify(const ProgressFn& progress) const {
   VerifyReport report;
   std::shared_lock gc(gc_mu_);
   CKPTFS_ASSIGN_OR_RETURN(auto txn, catalog_->BeginRead());
@@ -68,7 +68,11 @@ Result<VerifyReport> Store::Verify() const {
     rows.emplace(id, &row);
     if (IsDelta(row.transform)) ++refs[row.base];
   }
+  uint64_t total_bytes = 0, checked_bytes = 0;
+  for (const auto& entry : chunks) total_bytes += entry.second.length;
   for (const auto& [id, row] : chunks) {
+    if (progress) progress(checked_bytes, total_bytes);
+    checked_bytes += row.length;
     ++report.chunks_checked;
     const std::string where =
         "pack " + PackFileName(row.pack_id) + " offset " + std::to_string(row.offset);
@@ -113,6 +117,7 @@ Result<VerifyReport> Store::Verify() const {
       report.damaged.emplace_back(id, report.problems.back());
     }
   }
+  if (progress) progress(checked_bytes, total_bytes);
   for (const auto& [id, count] : refs) {
     report.problems.push_back("chunk " + id.ShortHex() + ": referenced " + std::to_string(count) +
                               " times but missing from the catalog");

@@ -1,0 +1,30 @@
+#include "engine/util/progress.h"
+
+#include <gtest/gtest.h>
+
+namespace ckptfs {
+namespace {
+
+using std::chrono::milliseconds;
+
+TEST(ProgressThrottle, FirstThenOnePerIntervalThenTheLastOnce) {
+  ProgressThrottle throttle(milliseconds(100));
+  const auto t0 = ProgressThrottle::Clock::time_point() + std::chrono::hours(1);
+  EXPECT_TRUE(throttle.Due(0, 10, t0));
+  EXPECT_FALSE(throttle.Due(1, 10, t0 + milliseconds(10)));
+  EXPECT_FALSE(throttle.Due(2, 10, t0 + milliseconds(99)));
+  EXPECT_TRUE(throttle.Due(3, 10, t0 + milliseconds(100)));
+  EXPECT_FALSE(throttle.Due(4, 10, t0 + milliseconds(150)));
+  EXPECT_TRUE(throttle.Due(10, 10, t0 + milliseconds(160)));   // the last, however soon
+  EXPECT_FALSE(throttle.Due(10, 10, t0 + milliseconds(500)));  // once
+}
+
+TEST(ProgressThrottle, NothingToDoIsNotFinished) {
+  ProgressThrottle throttle(milliseconds(100));
+  const auto t0 = ProgressThrottle::Clock::time_point() + std::chrono::hours(1);
+  EXPECT_TRUE(throttle.Due(0, 0, t0));
+  EXPECT_FALSE(throttle.Due(0, 0, t0 + milliseconds(1)));
+}
+
+}  // namespace
+}  // namespace ckptfs
