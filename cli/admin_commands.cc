@@ -306,15 +306,16 @@ int Advise(const std::string& target, const std::string& mtbf_text, double save_
     std::printf("  C, one save:  %s (given by --save-seconds)\n",
                 HumanDuration(save_seconds).c_str());
   } else {
+    std::printf("  C, one save:  %s: the median of %zu versions of %s (%s);\n",
+                HumanDuration(save_seconds).c_str(), doc["measured"].size(),
+                doc["store"].get<std::string>().c_str(),
+                doc["mount"].is_null() ? "read from its catalog" : "asked through its daemon");
     std::printf(
-        "  C, one save:  %s, the median of %zu recent versions of %s (%s), each its bytes at "
-        "the write rate measured from its files' commit times:\n",
-        HumanDuration(save_seconds).c_str(), doc["measured"].size(),
-        doc["store"].get<std::string>().c_str(),
-        doc["mount"].is_null() ? "the store's catalog" : "asked through its daemon");
+        "                each one's bytes at the rate its files after the first were "
+        "committed:\n");
     for (const auto& v : doc["measured"]) {
-      std::printf("      %-24s %10s; %s committed in %s, %s/s -> %s\n",
-                  v["name"].get<std::string>().c_str(), HumanBytes(U(v["logical_bytes"])).c_str(),
+      std::printf("      %-20s %10s; %s in %s, %s/s -> %s\n", v["name"].get<std::string>().c_str(),
+                  HumanBytes(U(v["logical_bytes"])).c_str(),
                   HumanBytes(U(v["measured_bytes"])).c_str(),
                   HumanDuration(v["measured_seconds"].get<double>()).c_str(),
                   HumanBytes(static_cast<uint64_t>(v["bytes_per_second"].get<double>())).c_str(),

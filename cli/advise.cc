@@ -50,7 +50,7 @@ Result<double> ParseDuration(std::string_view text) {
 std::string HumanDuration(double seconds) {
   if (seconds < 60) {
     char buf[32];
-    std::snprintf(buf, sizeof(buf), "%.1f s", seconds);
+    std::snprintf(buf, sizeof(buf), seconds < 10 ? "%.2f s" : "%.1f s", seconds);
     return buf;
   }
   static constexpr std::pair<const char*, uint64_t> kUnits[] = {

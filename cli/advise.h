@@ -22,8 +22,8 @@ namespace ckptfs::cli {
 // "6h", "90m", "2d", "45s", "1.5h", "1h30m" (units s, m, h, d, w; a plain number is seconds)
 // -> seconds. InvalidArgument (naming the units) for anything else or a duration of 0.
 Result<double> ParseDuration(std::string_view text);
-// "2d 3h", "1h 23m", "4m 10s", "12.3 s": the two largest units, or seconds with one decimal
-// under a minute.
+// "2d 3h", "1h 23m", "4m 10s", "12.3 s", "0.25 s": the two largest units, or under a minute
+// seconds with one decimal (two under ten seconds).
 std::string HumanDuration(double seconds);
 
 // REQUIRES: save_seconds > 0, mtbf_seconds > 0.

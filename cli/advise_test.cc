@@ -28,6 +28,8 @@ TEST(ParseDuration, RefusesWhatIsNotADuration) {
 
 TEST(HumanDuration, TwoLargestUnits) {
   EXPECT_EQ(HumanDuration(12.34), "12.3 s");
+  EXPECT_EQ(HumanDuration(0.034), "0.03 s");
+  EXPECT_EQ(HumanDuration(2.5), "2.50 s");
   EXPECT_EQ(HumanDuration(250), "4m 10s");
   EXPECT_EQ(HumanDuration(3600), "1h");
   EXPECT_EQ(HumanDuration(5000), "1h 23m");

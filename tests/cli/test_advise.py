@@ -84,7 +84,7 @@ class Advise(unittest.TestCase):
         self.assertIsNone(offline["mount"])
         self.assertEqual(offline["measured"], used)  # the same catalog, the same figures
         self.assertEqual(offline["save_seconds"], online["save_seconds"])
-        self.assertIn("the store's catalog", run("advise", "--mtbf", "6h", self.m.store).stdout)
+        self.assertIn("read from its catalog", run("advise", "--mtbf", "6h", self.m.store).stdout)
 
     def test_nothing_measured_is_refused_until_given(self):
         # One file a version: no span between commits measures a save.
