@@ -118,12 +118,15 @@ Result<GcReport> Store::Gc(const GcOptions& options) {
   };
   std::stable_sort(victims.begin(), victims.end(),
                    [&](uint32_t a, uint32_t b) { return live_bytes(a) < live_bytes(b); });
-  uint64_t victim_bytes = 0, rewritten_bytes = 0;
-  for (uint32_t pack_id : victims) victim_bytes += committed[pack_id];
+  uint64_t to_copy = 0, copied = 0;
+  for (uint32_t pack_id : victims) to_copy += live_bytes(pack_id);
+  auto on_copied = [&](uint64_t bytes) {
+    copied += bytes;
+    if (options.progress) options.progress(std::min(copied, to_copy), to_copy);
+  };
+  if (options.progress && to_copy > 0) options.progress(0, to_copy);
   for (uint32_t pack_id : victims) {
-    if (options.progress) options.progress(rewritten_bytes, victim_bytes);
-    rewritten_bytes += committed[pack_id];
-    Status s = RewritePack(pack_id, live[pack_id], options, &report);
+    Status s = RewritePack(pack_id, live[pack_id], options, on_copied, &report);
     if (!s.ok()) {
       if (s.IsCorruption()) {
         report.skipped.push_back(PackFileName(pack_id) + ": " + s.message());
@@ -138,7 +141,7 @@ Result<GcReport> Store::Gc(const GcOptions& options) {
       return s;
     }
   }
-  if (options.progress && victim_bytes > 0) options.progress(rewritten_bytes, victim_bytes);
+  if (options.progress && to_copy > 0) options.progress(to_copy, to_copy);  // skips included
   report.pack_bytes_after = PackBytesOnDisk();
   if (!catalog_->reserve_held()) {
     Status refill = catalog_->RefillReserve();
@@ -266,7 +269,8 @@ Status Store::RematerializeOrphanedDeltas(GcReport* report) {
 }
 
 Status Store::RewritePack(uint32_t pack_id, const std::vector<std::pair<ChunkId, ChunkRow>>& live,
-                          const GcOptions& options, GcReport* report) {
+                          const GcOptions& options, const std::function<void(uint64_t)>& copied,
+                          GcReport* report) {
   // Copy the live records; a record that fails its checksum stops the rewrite of this pack,
   // which then stays as it is for `ckptfs verify` to report.
   std::vector<std::pair<ChunkId, PackLocation>> moved;
@@ -275,6 +279,7 @@ Status Store::RewritePack(uint32_t pack_id, const std::vector<std::pair<ChunkId,
     CKPTFS_ASSIGN_OR_RETURN(PackLocation loc,
                             packs_->Append(record.header, std::move(record.payload)));
     moved.emplace_back(id, loc);
+    copied(row.length);
     if (options.after_record_copied) options.after_record_copied();
   }
   Status synced = packs_->Sync();

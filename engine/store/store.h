@@ -132,8 +132,8 @@ struct GcOptions {
   double rewrite_below = 0.5;
   // Test hook: runs after each record gc copies.
   std::function<void()> after_record_copied;
-  // Bytes of the packs to rewrite that gc has gone through (the step that takes time); not
-  // called when no pack is rewritten.
+  // The bytes of live records gc has copied out of the packs it rewrites, of all it will
+  // copy (the step that takes time); not called when there is nothing to copy.
   ProgressFn progress;
 };
 
@@ -305,8 +305,10 @@ class Store {
     return reader_->Load(id, row);
   }
   std::filesystem::path PackPath(uint32_t pack_id) const;
+  // `copied` hears the length of each live record once it is copied.
   Status RewritePack(uint32_t pack_id, const std::vector<std::pair<ChunkId, ChunkRow>>& live,
-                     const GcOptions& options, GcReport* report);
+                     const GcOptions& options, const std::function<void(uint64_t)>& copied,
+                     GcReport* report);
   Status DeletePackFile(uint32_t pack_id);
   // Punches holes in the pack over [kPackHeaderBytes, committed) less the extents in_use
   // ({offset, length} of every record a row or pin points at). REQUIRES: in_use is complete
