@@ -270,14 +270,12 @@ int Advise(const std::string& target, const std::string& mtbf_text, double save_
     Describe(*t, &doc);
     const json& measured = (*r)["measured"];
     if (measured.empty()) {
-      return Fail(
-          Status::NotFound("nothing measured yet: none of the " +
-                           std::to_string(U((*r)["versions"])) + " versions of " + t->store +
-                           " has files committed one after another that measure a save "
-                           "(at least 1 MiB and a tenth of the version after its first "
-                           "file)"),
-          "save a few checkpoints of several files first, or give the cost of a save "
-          "with --save-seconds S");
+      return Fail(Status::NotFound("nothing measured yet: none of the " +
+                                   std::to_string(U((*r)["versions"])) + " versions of " +
+                                   t->store + " measures a save"),
+                  "a version measures one once it is sealed or a newer one exists, when the job "
+                  "wrote it into the mount (not copied in with its times kept); save a few "
+                  "checkpoints first, or give the cost of a save with --save-seconds S");
     }
     std::vector<double> costs;
     for (const auto& v : measured) costs.push_back(v["save_seconds"].get<double>());
@@ -306,20 +304,16 @@ int Advise(const std::string& target, const std::string& mtbf_text, double save_
     std::printf("  C, one save:  %s (given by --save-seconds)\n",
                 HumanDuration(save_seconds).c_str());
   } else {
-    std::printf("  C, one save:  %s: the median of %zu versions of %s (%s);\n",
+    std::printf("  C, one save:  %s: the median of %zu versions of %s (%s),\n",
                 HumanDuration(save_seconds).c_str(), doc["measured"].size(),
                 doc["store"].get<std::string>().c_str(),
                 doc["mount"].is_null() ? "read from its catalog" : "asked through its daemon");
-    std::printf(
-        "                each one's bytes at the rate its files after the first were "
-        "committed:\n");
+    std::printf("                each from its creation to its last file's commit:\n");
     for (const auto& v : doc["measured"]) {
-      std::printf("      %-20s %10s; %s in %s, %s/s -> %s\n", v["name"].get<std::string>().c_str(),
+      std::printf("      %-20s %10s in %s (%s/s)\n", v["name"].get<std::string>().c_str(),
                   HumanBytes(U(v["logical_bytes"])).c_str(),
-                  HumanBytes(U(v["measured_bytes"])).c_str(),
-                  HumanDuration(v["measured_seconds"].get<double>()).c_str(),
-                  HumanBytes(static_cast<uint64_t>(v["bytes_per_second"].get<double>())).c_str(),
-                  HumanDuration(v["save_seconds"].get<double>()).c_str());
+                  HumanDuration(v["save_seconds"].get<double>()).c_str(),
+                  HumanBytes(static_cast<uint64_t>(v["bytes_per_second"].get<double>())).c_str());
     }
   }
   std::printf("  M, MTBF:      %s (given by --mtbf)\n", HumanDuration(*mtbf).c_str());

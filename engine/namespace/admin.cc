@@ -437,48 +437,55 @@ Result<json> Files(Store* store, const json& request) {
 
 // ---- save cost (`ckptfs advise`) ----------------------------------------------------------
 
-// What the recent versions say about the cost of a save (docs/cli.md "advise"). A file's
-// content row records when its commit finished; in a version whose files were written one
-// after another, the files committed after the first were written between the first commit
-// and the last, so (bytes of those files) / (that span) is a write throughput measured on a
-// real save, and the version's logical bytes at that throughput its save cost. Versions whose
-// span covers too little (under kMinMeasuredBytes, or under a tenth of the version: a small
-// trainer_state.json written after the model says more about the training loop than the
-// store) are not measured.
+// What the recent versions say about the cost of a save (docs/cli.md "advise"). A version's
+// save began when its directory (a file version: its file) was created, which its atime
+// records (reads do not change it here; only an explicit utime does), and ended when the
+// last of its files' commits finished, which its content row records: that span is the save
+// as the job lived it (serialising, writing, the store's hashing, compression and fsync).
+// A version is not measured when its times do not read as one save: a file created before
+// the version or written after its commit, or committed long after its last write (times
+// kept by `cp -a`, `tar`, rsync), or when it is the newest version and not sealed (it may
+// still be being written).
 Result<json> SaveCost(Store* store, const json& request) {
-  constexpr uint64_t kMinMeasuredBytes = 1 << 20;
+  // A file's last write to its commit: the write queue draining, then the commit itself.
+  constexpr int64_t kMaxCommitLagNs = 10'000'000'000;
   const uint64_t most = std::max<uint64_t>(1, request.value("versions", uint64_t{5}));
   CKPTFS_ASSIGN_OR_RETURN(auto txn, store->catalog().BeginRead());
   CKPTFS_ASSIGN_OR_RETURN(std::vector<Version> versions, ListVersions(txn));
   json measured = json::array();
   uint64_t unmeasured = 0;
   for (auto v = versions.rbegin(); v != versions.rend() && measured.size() < most; ++v) {
-    std::vector<FileInfo> files;
-    CKPTFS_RETURN_IF_ERROR(VersionTree(txn, *v, &files));
-    std::vector<std::pair<uint64_t, uint64_t>> commits;  // (commit ns, bytes)
-    uint64_t logical = 0;
-    for (const auto& f : files) {
-      if (!f.inode.is_reg() || f.inode.content == 0) continue;
-      logical += f.inode.size;
-      CKPTFS_ASSIGN_OR_RETURN(std::optional<ContentRow> row, txn.GetContent(f.inode.content));
-      if (row && row->created_unix_ns != 0) commits.emplace_back(row->created_unix_ns, row->size);
-    }
-    std::sort(commits.begin(), commits.end());
-    uint64_t bytes = 0;
-    for (size_t i = 1; i < commits.size(); ++i) bytes += commits[i].second;
-    const uint64_t span_ns = commits.size() < 2 ? 0 : commits.back().first - commits.front().first;
-    if (span_ns == 0 || bytes < kMinMeasuredBytes || bytes * 10 < logical) {
+    if (v == versions.rbegin() && !v->inode.sealed()) {
       ++unmeasured;
       continue;
     }
-    const double seconds = static_cast<double>(span_ns) / 1e9;
-    const double rate = static_cast<double>(bytes) / seconds;
+    std::vector<FileInfo> files;
+    CKPTFS_RETURN_IF_ERROR(VersionTree(txn, *v, &files));
+    const int64_t start = v->inode.atime_ns;
+    int64_t end = 0;
+    uint64_t logical = 0;
+    bool one_save = true;
+    for (const auto& f : files) {
+      if (!f.inode.is_reg() || f.inode.content == 0) continue;
+      CKPTFS_ASSIGN_OR_RETURN(std::optional<ContentRow> row, txn.GetContent(f.inode.content));
+      if (!row) continue;
+      const auto commit = static_cast<int64_t>(row->created_unix_ns);
+      one_save = one_save && start <= f.inode.atime_ns && f.inode.atime_ns <= f.inode.mtime_ns &&
+                 f.inode.mtime_ns <= commit && commit - f.inode.mtime_ns <= kMaxCommitLagNs;
+      logical += f.inode.size;
+      end = std::max(end, commit);
+    }
+    if (!one_save || end <= start) {
+      ++unmeasured;
+      continue;
+    }
+    const double seconds = static_cast<double>(end - start) / 1e9;
     measured.push_back({{"name", v->name},
                         {"logical_bytes", logical},
-                        {"measured_bytes", bytes},
-                        {"measured_seconds", seconds},
-                        {"bytes_per_second", rate},
-                        {"save_seconds", static_cast<double>(logical) / rate}});
+                        {"started_unix_ns", start},
+                        {"finished_unix_ns", end},
+                        {"save_seconds", seconds},
+                        {"bytes_per_second", static_cast<double>(logical) / seconds}});
   }
   return json{{"versions", versions.size()}, {"unmeasured", unmeasured}, {"measured", measured}};
 }

@@ -27,9 +27,10 @@
 //                                                   [{name, seq}]}: the retention rules of
 //                                                   `ckptfs forget` and of a mount's --keep-last
 //   {cmd: "save_cost", versions?: N}            -> {versions, unmeasured, measured: [{name,
-//        logical_bytes, measured_bytes, measured_seconds, bytes_per_second, save_seconds}]}:
-//        the newest N (default 5) versions whose files' commit times measure a save, newest
-//        first (`ckptfs advise`; admin.cc SaveCost says how)
+//        logical_bytes, started_unix_ns, finished_unix_ns, save_seconds, bytes_per_second}]}:
+//        the newest N (default 5) versions whose times measure a save (from the version's
+//        creation to its last file's commit), newest first (`ckptfs advise`; admin.cc
+//        SaveCost says how)
 //   {cmd: "remove_version", name: NAME}          -> {removed, parent, entry}: removes the version's
 //                                                   tree (the command removes through a mount
 //                                                   instead, so the kernel's caches stay right;

@@ -1,9 +1,12 @@
 """`ckptfs advise --mtbf DURATION [STORE|MNT]` (docs/cli.md "advise"): the checkpoint interval
-(Young, Daly) from the save cost measured on real torch saves into a real mount, asked through
-the daemon and, unmounted, of the store itself; --save-seconds; the refusal when nothing is
-measured; durations."""
+(Young, Daly) from the save cost measured on real torch saves into a real mount (each from its
+version's mkdir to its last commit, checked against the test's own clock), asked through the
+daemon and, unmounted, of the store itself; --save-seconds; the refusal when nothing is
+measured (no version, the newest still open, one copied in with `cp -a`); durations."""
 import math
 import os
+import shutil
+import subprocess
 import sys
 import time
 import unittest
@@ -31,46 +34,55 @@ class Advise(unittest.TestCase):
         self.assertEqual(run("init", self.m.store).returncode, 0)
         self.m.mount(["--seal-after", "0"])
 
-    def save(self, step, files):
-        """A version of `files` (name -> tensors) saved one after another; the seconds from
-        the first save's start until `ckptfs sync` says all of it is committed."""
-        d = self.m.path("global_step%d" % step)
+    def save(self, step, files, seal=True):
+        """A version of `files` (name -> tensors) saved one after another; its name and the
+        wall-clock ns (time.time_ns) before its mkdir, after it, before the last file's save,
+        and once `ckptfs sync` says all of it is committed."""
+        name = "global_step%d" % step
+        d = self.m.path(name)
+        before_mkdir = time.time_ns()
         os.mkdir(d)
-        start = time.monotonic()
-        for name, state in files:
-            torch.save(state, os.path.join(d, name))
+        after_mkdir = time.time_ns()
+        before_last = None
+        for file_name, state in files:
+            before_last = time.time_ns()
+            torch.save(state, os.path.join(d, file_name))
         self.assertEqual(run("sync", d).returncode, 0)
-        wall = time.monotonic() - start
-        self.assertEqual(run("seal", d).returncode, 0)
-        return d, wall
+        synced = time.time_ns()
+        if seal:
+            self.assertEqual(run("seal", d).returncode, 0)
+        return name, (before_mkdir, after_mkdir, before_last, synced)
 
     def test_measured_online_and_offline(self):
-        walls = {}
+        times, sizes = {}, {}
         for step in (100, 200, 300):
-            d, wall = self.save(step, [("model.pt", tensors(step, 1)),
-                                       ("optimizer.pt", tensors(step, 2))])
-            walls[os.path.basename(d)] = (wall, os.path.getsize(os.path.join(d, "model.pt")),
-                                          os.path.getsize(os.path.join(d, "optimizer.pt")))
+            name, times[name] = self.save(step, [("model.pt", tensors(step, 1)),
+                                                 ("optimizer.pt", tensors(step, 2))])
+            sizes[name] = sum(os.path.getsize(self.m.path(name, f))
+                              for f in ("model.pt", "optimizer.pt"))
+        name, times[name] = self.save(400, [("model.pt", tensors(400, 1))])  # one file
+        sizes[name] = os.path.getsize(self.m.path(name, "model.pt"))
         online = json_of(self, "advise", "--mtbf", "6h", self.m.mnt)
         self.assertEqual(online["mount"], os.path.realpath(self.m.mnt))
         self.assertEqual(online["save_source"], "measured")
         self.assertEqual(online["mtbf_seconds"], SIX_HOURS)
         used = online["measured"]
-        self.assertEqual([v["name"] for v in used],
-                         ["global_step300", "global_step200", "global_step100"])  # newest first
+        self.assertEqual([v["name"] for v in used], ["global_step400", "global_step300",
+                                                     "global_step200", "global_step100"])
         for v in used:
-            wall, model, optimizer = walls[v["name"]]
-            # The span from model.pt's commit to optimizer.pt's measures optimizer.pt's bytes,
-            # and lies within the save the test timed.
-            self.assertEqual(v["measured_bytes"], optimizer)
-            self.assertEqual(v["logical_bytes"], model + optimizer)
-            self.assertGreater(v["measured_seconds"], 0)
-            self.assertLessEqual(v["measured_seconds"], wall)
-            self.assertAlmostEqual(v["bytes_per_second"], optimizer / v["measured_seconds"],
-                                   delta=1e-6 * v["bytes_per_second"])
+            before_mkdir, after_mkdir, before_last, synced = times[v["name"]]
+            # A save runs from the version's mkdir to its last file's commit.
+            self.assertGreaterEqual(v["started_unix_ns"], before_mkdir)
+            self.assertLessEqual(v["started_unix_ns"], after_mkdir)
+            self.assertGreater(v["finished_unix_ns"], before_last)
+            self.assertLessEqual(v["finished_unix_ns"], synced)
             self.assertAlmostEqual(v["save_seconds"],
-                                   (model + optimizer) / v["bytes_per_second"], places=6)
-        c = sorted(v["save_seconds"] for v in used)[1]  # the median of three
+                                   (v["finished_unix_ns"] - v["started_unix_ns"]) / 1e9, places=6)
+            self.assertEqual(v["logical_bytes"], sizes[v["name"]])
+            self.assertAlmostEqual(v["bytes_per_second"], v["logical_bytes"] / v["save_seconds"],
+                                   delta=1e-6 * v["bytes_per_second"])
+        costs = sorted(v["save_seconds"] for v in used)
+        c = (costs[1] + costs[2]) / 2  # the median of four
         self.assertAlmostEqual(online["save_seconds"], c, places=9)
         self.assertAlmostEqual(online["young_seconds"], math.sqrt(2 * c * SIX_HOURS), places=6)
         self.assertLess(online["daly_seconds"], online["young_seconds"])
@@ -87,14 +99,28 @@ class Advise(unittest.TestCase):
         self.assertIn("read from its catalog", run("advise", "--mtbf", "6h", self.m.store).stdout)
 
     def test_nothing_measured_is_refused_until_given(self):
-        # One file a version: no span between commits measures a save.
-        for step in (1, 2):
-            self.save(step, [("model.pt", tensors(step, 2))])
-        p = run("advise", "--mtbf", "6h", self.m.mnt)
-        self.assertEqual(p.returncode, 1)
-        self.assertIn("nothing measured yet", p.stderr)
-        self.assertIn("--save-seconds", p.stderr)
-        self.assertEqual(p.stdout, "")
+        def refused():
+            p = run("advise", "--mtbf", "6h", self.m.mnt)
+            self.assertEqual(p.returncode, 1)
+            self.assertIn("nothing measured yet", p.stderr)
+            self.assertIn("--save-seconds", p.stderr)
+            self.assertEqual(p.stdout, "")
+
+        refused()  # no version at all
+        self.save(1, [("model.pt", tensors(1, 1))], seal=False)
+        refused()  # the newest, not sealed: it may still be being written
+        # A checkpoint copied in with its times kept (cp -a) is no save of this store's.
+        old = os.path.join(mounted.root_dir(), "advise-old")
+        os.makedirs(old)
+        self.addCleanup(shutil.rmtree, old, True)
+        torch.save(tensors(2, 1), os.path.join(old, "model.pt"))
+        for path in (os.path.join(old, "model.pt"), old):
+            os.utime(path, (1577836800, 1577836800))  # 2020-01-01
+        subprocess.run(["cp", "-a", old, self.m.path("global_step2")], check=True)
+        self.assertEqual(run("seal", self.m.path("global_step2")).returncode, 0)
+        self.assertEqual(run("seal", self.m.path("global_step1")).returncode, 0)
+        doc = json_of(self, "advise", "--mtbf", "6h", self.m.mnt)  # global_step1 measures
+        self.assertEqual([v["name"] for v in doc["measured"]], ["global_step1"])
         given = json_of(self, "advise", "--mtbf", "2d", "--save-seconds", "30", self.m.mnt)
         self.assertEqual(given["save_source"], "given")
         self.assertEqual(given["measured"], [])
