@@ -15,6 +15,7 @@
 #include "cli/export_commands.h"
 #include "cli/mount_commands.h"
 #include "cli/store_commands.h"
+#include "engine/objstore/s3_config.h"
 #include "engine/store/store.h"
 #include "fs/mount.h"
 #include "fs/mount_options.h"
@@ -131,7 +132,13 @@ int main(int argc, char** argv) {
   const char* kStoreHelp = "the store directory";
 
   auto* init = app.add_subcommand("init", "create a store and record its settings (codec)");
-  init->add_option("STORE", store, "a new or empty directory for the store")->required();
+  init->add_option("STORE", store,
+                   "a new or empty directory for the store, or s3://BUCKET/PREFIX "
+                   "(docs/scale-out.md)")
+      ->required();
+  std::string endpoint;
+  init->add_option("--endpoint", endpoint,
+                   "with s3://: the S3 endpoint URL (default: AWS_ENDPOINT_URL)");
   init->add_option("--codec", codec,
                    "how records are compressed (recorded; default auto): "
                    "auto, lz4, zstd, zstd:LEVEL, auto+zstd:LEVEL or none");
@@ -242,6 +249,14 @@ int main(int argc, char** argv) {
   mount->add_option("MOUNTPOINT", margs.mountpoint, "an existing directory, not a mount point")
       ->required();
   mount->add_flag("--create", margs.create, "create the store if STORE has none");
+  std::string cache_dir;
+  mount->add_option("--cache-dir", cache_dir,
+                    "with STORE s3://BUCKET/PREFIX: this node's local store and cache, filled "
+                    "from the bucket when empty (docs/scale-out.md)");
+  mount->add_option("--endpoint", margs.s3_endpoint,
+                    "with s3://: the S3 endpoint URL (default: AWS_ENDPOINT_URL)");
+  mount->add_option("--node", margs.node,
+                    "with s3://: the name this node publishes under (default: the host name)");
   mount->add_flag("-f,--foreground", margs.foreground, "stay in the foreground, log to stderr");
   mount->add_option("--cache-size", cache_size, "decoded-chunk cache, e.g. 128M, 4G, 1T")
       ->capture_default_str();
@@ -361,7 +376,10 @@ int main(int argc, char** argv) {
     std::fputs(app.get_subcommand(help_topic)->help(app.get_name()).c_str(), stdout);
     return kExitOk;
   }
-  if (*init) return Init(store, codec, json);
+  if (*init) {
+    if (objstore::IsS3Uri(store)) return InitS3(store, endpoint, codec, json);
+    return Init(store, codec, json);
+  }
   if (*upgrade) return Upgrade(store, json);
   if (*put) return Put(store, name, codec, create);
   if (*get) return Get(store, name);
@@ -397,6 +415,17 @@ int main(int argc, char** argv) {
     if (margs.keep_every > 0 && margs.keep_last == 0) {
       return Fail(Status::InvalidArgument("--keep-every needs --keep-last"),
                   "e.g. `--keep-last 3 --keep-every 10`");
+    }
+    if (objstore::IsS3Uri(margs.store)) {
+      if (cache_dir.empty()) {
+        return Fail(Status::InvalidArgument("an s3:// store needs --cache-dir DIR"),
+                    "e.g. `ckptfs mount " + margs.store + " MNT --cache-dir /var/cache/ckptfs`");
+      }
+      margs.s3_location = margs.store;
+      margs.store = cache_dir;
+    } else if (!cache_dir.empty() || !margs.s3_endpoint.empty() || !margs.node.empty()) {
+      return Fail(Status::InvalidArgument("--cache-dir, --endpoint and --node are for s3:// "
+                                          "stores"));
     }
     if (margs.foreground) spdlog::set_level(spdlog::level::info);
     return Mount(margs);

@@ -44,7 +44,7 @@ Status NotAMount(const std::string& path) {
 
 int Mount(MountArgs args) {
   std::error_code ec;
-  if (!args.create &&
+  if (!args.create && args.s3_location.empty() &&
       !std::filesystem::exists(std::filesystem::path(args.store) / "ckptfs.json", ec)) {
     return Fail(Status::NotFound("no ckptfs store at " + args.store),
                 "create one with `ckptfs init " + args.store + "`, or mount with --create");

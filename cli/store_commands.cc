@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "engine/objstore/bucket_mirror.h"
+#include "engine/objstore/s3_client.h"
 #include "engine/store/content_writer.h"
 
 namespace ckptfs::cli {
@@ -141,6 +143,49 @@ int Init(const std::string& dir, const std::string& codec, bool json) {
   } else {
     std::printf("created a ckptfs store at %s (format %u, codec %s)\n", RealPath(dir).c_str(),
                 kStoreFormatVersion, recorded.c_str());
+  }
+  return kExitOk;
+}
+
+int InitS3(const std::string& location, const std::string& endpoint, const std::string& codec,
+           bool json) {
+  auto loc = objstore::ParseS3Location(location);
+  if (!loc.ok()) return Fail(loc.status());
+  auto cfg = objstore::ResolveS3Config(endpoint, objstore::SystemEnvironment());
+  if (!cfg.ok()) return Fail(cfg.status());
+  auto s3 = objstore::S3Client::Open(*cfg);
+  if (!s3.ok()) return Fail(s3.status());
+  // The parameters come from a store made for the purpose (as `ckptfs init DIR` makes one).
+  char tmpl[] = "/tmp/ckptfs-init-XXXXXX";
+  if (::mkdtemp(tmpl) == nullptr) return Fail(Status::FromErrno(errno, "mkdtemp /tmp"));
+  std::string recorded;
+  Status st;
+  {
+    StoreOptions options;
+    if (!codec.empty()) {
+      auto spec = CodecSpec::Parse(codec);
+      if (!spec.ok()) return Fail(spec.status());
+      options.codec = *spec;
+    }
+    options.space_reserve_bytes = 0;
+    options.reverse_deltas = false;
+    auto store = Store::Open(std::filesystem::path(tmpl) / "store", options);
+    st = store.status();
+    if (st.ok()) {
+      recorded = (*store)->options().codec->ToString();
+      st = objstore::BucketMirror::InitBucket(**s3, *loc, (*store)->dir());
+    }
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(tmpl, ec);
+  if (!st.ok()) return Fail(st);
+  if (json) {
+    PrintJson({{"store", loc->ToString()}, {"endpoint", (*cfg).endpoint},
+               {"format", kStoreFormatVersion}, {"codec", recorded}});
+  } else {
+    std::printf("created a ckptfs store at %s on %s (format %u, codec %s)\n",
+                loc->ToString().c_str(), cfg->endpoint.c_str(), kStoreFormatVersion,
+                recorded.c_str());
   }
   return kExitOk;
 }

@@ -24,6 +24,10 @@ int Remove(const std::string& dir, const std::string& name);
 int List(const std::string& dir, bool json);
 // init: a new store in a new or empty directory, its codec recorded in ckptfs.json.
 int Init(const std::string& dir, const std::string& codec, bool json);
+// `ckptfs init s3://BUCKET/PREFIX [--endpoint URL]`: records a new store's parameters in the
+// bucket (created if missing); docs/scale-out.md.
+int InitS3(const std::string& location, const std::string& endpoint, const std::string& codec,
+           bool json);
 // upgrade: the store's format to this ckptfs's (Store::Open with upgrade_format).
 int Upgrade(const std::string& dir, bool json);
 

@@ -18,8 +18,11 @@
 #include <filesystem>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stop_token>
 #include <thread>
+#include <tuple>
+#include <utility>
 
 #include "engine/namespace/admin.h"
 #include "engine/namespace/control_protocol.h"
@@ -27,6 +30,8 @@
 #include "engine/namespace/filesystem.h"
 #include "engine/namespace/metrics_endpoint.h"
 #include "engine/namespace/retention.h"
+#include "engine/objstore/bucket_mirror.h"
+#include "engine/objstore/s3_client.h"
 #include "engine/store/store.h"
 #include "engine/util/thread_role.h"
 #include "fs/fuse_ops.h"
@@ -78,6 +83,25 @@ void RaiseReadahead(const std::string& mountpoint) {
   }).detach();
 }
 
+// The S3 client and location of an S3 store, with the cache restored from the bucket when it
+// holds no store; *node becomes the host name when empty.
+Result<std::pair<std::unique_ptr<objstore::S3Client>, objstore::S3Location>> OpenS3(
+    const MountArgs& args, std::string* node) {
+  CKPTFS_ASSIGN_OR_RETURN(objstore::S3Location loc, objstore::ParseS3Location(args.s3_location));
+  CKPTFS_ASSIGN_OR_RETURN(objstore::S3Config cfg, objstore::ResolveS3Config(
+                                                      args.s3_endpoint,
+                                                      objstore::SystemEnvironment()));
+  CKPTFS_ASSIGN_OR_RETURN(std::unique_ptr<objstore::S3Client> client,
+                          objstore::S3Client::Open(cfg));
+  if (node->empty()) {
+    char host[256] = {};
+    if (::gethostname(host, sizeof(host) - 1) != 0) return Status::FromErrno(errno, "gethostname");
+    *node = host;
+  }
+  CKPTFS_RETURN_IF_ERROR(objstore::BucketMirror::Restore(*client, loc, *node, args.store));
+  return std::make_pair(std::move(client), std::move(loc));
+}
+
 int Serve(const MountArgs& args, ReadyPipe ready) {
   // What the daemon creates in the store (log, packs, catalog) is its user's alone
   // (docs/threat-model.md); the modes of files created through the mount come from the kernel.
@@ -117,12 +141,35 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
       return false;
     }
   };
+  // An S3 store: this node's cache is filled from the bucket first if it holds no store.
+  std::unique_ptr<objstore::S3Client> s3;
+  std::optional<objstore::S3Location> s3_location;
+  std::string node = args.node;
+  if (!args.s3_location.empty()) {
+    auto opened = OpenS3(args, &node);
+    if (!opened.ok()) {
+      ready.Report(opened.status().ToString());
+      return 1;
+    }
+    std::tie(s3, s3_location) = std::move(*opened);
+  }
   std::error_code exists_ec;
   if (std::filesystem::exists(args.store + "/ckptfs.json", exists_ec) && !start_log()) return 1;
   auto store = Store::Open(args.store, options);
   if (!store.ok()) {
     ready.Report(store.status().ToString());
     return 1;
+  }
+  // Declared before the filesystem, so that the filesystem's last Sync can still publish.
+  std::unique_ptr<objstore::BucketMirror> mirror;
+  if (s3) {
+    auto opened = objstore::BucketMirror::Open(s3.get(), *s3_location, node, store->get());
+    if (!opened.ok()) {
+      ready.Report("cannot read this node's manifests in " + args.s3_location + ": " +
+                   opened.status().ToString());
+      return 1;
+    }
+    mirror = std::move(*opened);
   }
   const std::string codec = (*store)->options().codec->ToString();  // given, else recorded
   if (!start_log()) return 1;
@@ -154,6 +201,7 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
   } else {
     fs_options.spool_backlog_bytes = 0;
   }
+  if (mirror) fs_options.after_durable = [m = mirror.get()] { return m->Publish(); };
   auto fs = FileSystem::Open(store->get(), fs_options);
   if (!fs.ok()) {
     ready.Report(fs.status().ToString());

@@ -43,6 +43,12 @@ struct MountArgs {
   // abandoned (engine/namespace/control_server.h).
   std::chrono::milliseconds snapshot_timeout{std::chrono::minutes(30)};
   std::vector<std::string> fuse_options;  // each as given to -o
+  // The object store (docs/scale-out.md): with s3_location ("s3://BUCKET/PREFIX") set, `store`
+  // is this node's cache directory, filled from the bucket when it holds no store, and fsync
+  // and `ckptfs sync` return once the data is in the bucket.
+  std::string s3_location;
+  std::string s3_endpoint;  // empty: AWS_ENDPOINT_URL or the profile's endpoint_url
+  std::string node;         // names this node's manifests; empty: the host name
 };
 
 // Returns the process exit status.

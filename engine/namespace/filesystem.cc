@@ -635,7 +635,8 @@ Status FileSystem::Fsync(uint64_t fh) {
   if (IsViewHandle(fh)) return Status::OK();
   ScopedLatency timed(metrics_.fsync);
   CKPTFS_ASSIGN_OR_RETURN(Handle h, GetHandle(fh));
-  return committer_->Commit(h.file, /*release=*/false, /*wait=*/true);
+  CKPTFS_RETURN_IF_ERROR(committer_->Commit(h.file, /*release=*/false, /*wait=*/true));
+  return options_.after_durable ? options_.after_durable() : Status::OK();
 }
 
 FileSystem::Backlog FileSystem::WriteBacklog() {
@@ -874,7 +875,8 @@ Status FileSystem::Sync() {
     for (const auto& [ino, file] : open_files_) open.push_back(file);
   }
   for (auto& file : open) CKPTFS_RETURN_IF_ERROR(committer_->Commit(file, false, /*wait=*/false));
-  return committer_->Barrier();
+  CKPTFS_RETURN_IF_ERROR(committer_->Barrier());
+  return options_.after_durable ? options_.after_durable() : Status::OK();
 }
 
 }  // namespace ckptfs

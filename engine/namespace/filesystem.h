@@ -73,6 +73,11 @@ struct FileSystemOptions {
   // calling thread.
   uint64_t spool_backlog_bytes = 1ull << 30;
   int ingest_threads = 1;
+  // Runs after Fsync() and Sync() made their data durable in the store, before they return;
+  // its error is theirs. The object store backend publishes to its bucket here, so that
+  // durability means "in the bucket" (engine/objstore/bucket_mirror.h, docs/scale-out.md).
+  // Unset: nothing more.
+  std::function<Status()> after_durable;
 };
 
 struct Caller {

@@ -199,6 +199,12 @@ Status Catalog::FreeingSpace(const std::function<Status()>& change) {
 
 Status Catalog::RefillReserve() { return reserve_->Refill(); }
 
+Status Catalog::CopyTo(const std::filesystem::path& dir) const {
+  int rc = mdb_env_copy2(env_, dir.c_str(), MDB_CP_COMPACT);
+  if (rc != 0) return LmdbError(rc, "copy to " + dir.string());
+  return Status::OK();
+}
+
 Catalog::~Catalog() {
   if (env_ != nullptr) mdb_env_close(env_);
 }

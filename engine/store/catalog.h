@@ -116,6 +116,10 @@ class Catalog {
   // not). Called after gc has freed space.
   Status RefillReserve();
   bool reserve_held() const { return reserve_ && reserve_->held(); }
+  // Writes a compacted copy of the whole catalog, as of one read transaction, to
+  // dir/data.mdb (dir must exist and hold no data.mdb); writers go on meanwhile. The object
+  // store backend publishes these images (docs/scale-out.md).
+  Status CopyTo(const std::filesystem::path& dir) const;
 
  private:
   struct Tables {

@@ -1,0 +1,349 @@
+#include "engine/objstore/bucket_mirror.h"
+
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <cinttypes>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "engine/objstore/sigv4.h"
+#include "engine/store/catalog.h"
+#include "engine/store/record.h"
+#include "engine/store/store.h"
+#include "engine/util/buffer.h"
+
+namespace ckptfs::objstore {
+namespace {
+
+namespace fs = std::filesystem;
+constexpr int kManifestFormat = 1;
+constexpr const char* kImageDir = "publish-image";
+
+std::string ObjectKey(const S3Location& loc, const std::string& sha256) {
+  return loc.Key("objects/" + sha256);
+}
+
+std::string ManifestPrefix(const S3Location& loc, const std::string& node) {
+  return loc.Key("nodes/" + node + "/manifests/");
+}
+
+// Pack file name -> committed length, from a catalog.
+Result<std::map<std::string, uint64_t>> CommittedLengths(const Catalog& catalog) {
+  std::map<std::string, uint64_t> out;
+  CKPTFS_ASSIGN_OR_RETURN(Catalog::ReadTxn txn, catalog.BeginRead());
+  CKPTFS_RETURN_IF_ERROR(txn.ForEachPack([&](uint32_t id, const PackRow& row) {
+    out[PackFileName(id)] = row.committed;
+    return true;
+  }));
+  return out;
+}
+
+Status WriteFileAt(int fd, Bytes data, uint64_t offset, const std::string& what) {
+  size_t done = 0;
+  while (done < data.size()) {
+    ssize_t n = ::pwrite(fd, data.data() + done, data.size() - done,
+                         static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Status::FromErrno(errno, "write " + what);
+    done += static_cast<size_t>(n);
+  }
+  return Status::OK();
+}
+
+Status WriteWholeFile(const fs::path& path, Bytes data) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return Status::FromErrno(errno, "create " + path.string());
+  Status st = WriteFileAt(fd, data, 0, path.string());
+  if (st.ok() && ::fsync(fd) != 0) st = Status::FromErrno(errno, "fsync " + path.string());
+  ::close(fd);
+  return st;
+}
+
+Status SyncDir(const fs::path& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return Status::FromErrno(errno, "open " + dir.string());
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  return rc == 0 ? Status::OK() : Status::FromErrno(err, "fsync " + dir.string());
+}
+
+// A blob named by its SHA-256, checked against its name.
+Result<Buffer> GetBlob(S3Client& s3, const S3Location& loc, const std::string& sha256) {
+  CKPTFS_ASSIGN_OR_RETURN(Buffer blob, s3.Get(loc.bucket, ObjectKey(loc, sha256)));
+  if (Sha256Hex(blob.bytes()) != sha256) {
+    return Status::Corruption("object " + ObjectKey(loc, sha256) +
+                              " does not hash to its name");
+  }
+  return blob;
+}
+
+Result<std::optional<std::string>> NewestManifestKey(S3Client& s3, const S3Location& loc,
+                                                     const std::string& node) {
+  CKPTFS_ASSIGN_OR_RETURN(std::vector<ObjectEntry> all,
+                          s3.List(loc.bucket, ManifestPrefix(loc, node)));
+  if (all.empty()) return std::optional<std::string>();
+  return std::optional<std::string>(all.back().key);  // zero-padded: the last sorts newest
+}
+
+Result<nlohmann::json> ReadManifest(S3Client& s3, const S3Location& loc, const std::string& key) {
+  CKPTFS_ASSIGN_OR_RETURN(Buffer raw, s3.Get(loc.bucket, key));
+  nlohmann::json doc = nlohmann::json::parse(AsChars(raw.bytes()), nullptr, false);
+  if (doc.is_discarded() || !doc.is_object() || doc.value("format", 0) != kManifestFormat ||
+      !doc.contains("catalog") || !doc.contains("packs") || !doc["packs"].is_object()) {
+    return Status::Corruption("manifest s3://" + loc.bucket + "/" + key +
+                              " is not one this ckptfs reads");
+  }
+  return doc;
+}
+
+}  // namespace
+
+std::string BucketMirror::ManifestKey(const S3Location& loc, const std::string& node,
+                                      uint64_t seq) {
+  char num[24];
+  std::snprintf(num, sizeof(num), "%020" PRIu64, seq);
+  return ManifestPrefix(loc, node) + num;
+}
+
+Status BucketMirror::InitBucket(S3Client& s3, const S3Location& loc,
+                                const fs::path& local_store) {
+  CKPTFS_RETURN_IF_ERROR(s3.CreateBucket(loc.bucket));
+  Result<ObjectInfo> existing = s3.Head(loc.bucket, loc.Key("ckptfs.json"));
+  if (existing.ok()) {
+    return Status::AlreadyExists("there is a ckptfs store at " + loc.ToString() + " already");
+  }
+  if (!existing.status().IsNotFound()) return existing.status();
+  std::ifstream in(local_store / "ckptfs.json", std::ios::binary);
+  std::string params((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (params.empty()) return Status::IOError("no ckptfs.json in " + local_store.string());
+  return s3.Put(loc.bucket, loc.Key("ckptfs.json"), AsBytes(params));
+}
+
+Status BucketMirror::Restore(S3Client& s3, const S3Location& loc, const std::string& node,
+                             const fs::path& cache_dir) {
+  std::error_code ec;
+  if (fs::exists(cache_dir / "ckptfs.json", ec)) return Status::OK();  // a store is there
+  Result<Buffer> params = s3.Get(loc.bucket, loc.Key("ckptfs.json"));
+  if (!params.ok() && params.status().IsNotFound()) {
+    return Status::NotFound("no ckptfs store at " + loc.ToString() + ": create one with "
+                            "`ckptfs init " + loc.ToString() + " --endpoint URL`");
+  }
+  if (!params.ok()) return params.status();
+  // A cache without ckptfs.json holds at most a restore that did not finish: start over.
+  fs::remove_all(cache_dir / "catalog", ec);
+  fs::remove_all(cache_dir / "packs", ec);
+  fs::create_directories(cache_dir / "catalog", ec);
+  fs::create_directories(cache_dir / "packs", ec);
+  if (ec) return Status::FromErrno(ec.value(), "create " + cache_dir.string());
+
+  CKPTFS_ASSIGN_OR_RETURN(std::optional<std::string> newest, NewestManifestKey(s3, loc, node));
+  if (newest) {
+    CKPTFS_ASSIGN_OR_RETURN(nlohmann::json manifest, ReadManifest(s3, loc, *newest));
+    CKPTFS_ASSIGN_OR_RETURN(Buffer image,
+                            GetBlob(s3, loc, manifest["catalog"]["sha256"].get<std::string>()));
+    CKPTFS_RETURN_IF_ERROR(WriteWholeFile(cache_dir / "catalog" / "data.mdb", image.bytes()));
+    uint64_t bytes = 0;
+    for (const auto& [file, segments] : manifest["packs"].items()) {
+      uint32_t pack_id = 0;
+      if (!ParsePackFileName(file, &pack_id)) {
+        return Status::Corruption("manifest " + *newest + " names a pack '" + file + "'");
+      }
+      fs::path path = cache_dir / "packs" / file;
+      int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+      if (fd < 0) return Status::FromErrno(errno, "create " + path.string());
+      Status st;
+      for (const auto& seg : segments) {
+        Result<Buffer> blob = GetBlob(s3, loc, seg.at(2).get<std::string>());
+        st = blob.status();
+        if (st.ok() && blob->size() != seg.at(1).get<uint64_t>()) {
+          st = Status::Corruption("segment of " + file + " has the wrong length");
+        }
+        if (st.ok()) st = WriteFileAt(fd, blob->bytes(), seg.at(0).get<uint64_t>(), path);
+        if (!st.ok()) break;
+        bytes += blob->size();
+      }
+      if (st.ok() && ::fsync(fd) != 0) st = Status::FromErrno(errno, "fsync " + path.string());
+      ::close(fd);
+      CKPTFS_RETURN_IF_ERROR(st);
+    }
+    spdlog::info("restored {} from {} ({} pack bytes, catalog {} bytes)", cache_dir.string(),
+                 *newest, bytes, image.size());
+  }
+  CKPTFS_RETURN_IF_ERROR(SyncDir(cache_dir / "packs"));
+  CKPTFS_RETURN_IF_ERROR(SyncDir(cache_dir / "catalog"));
+  // Last: its presence says the cache holds a whole store.
+  CKPTFS_RETURN_IF_ERROR(WriteWholeFile(cache_dir / "ckptfs.json", params->bytes()));
+  return SyncDir(cache_dir);
+}
+
+BucketMirror::BucketMirror(S3Client* s3, S3Location loc, std::string node, Store* store,
+                           uint64_t segment_bytes)
+    : s3_(s3),
+      loc_(std::move(loc)),
+      node_(std::move(node)),
+      store_(store),
+      segment_bytes_(segment_bytes) {}
+
+Result<std::unique_ptr<BucketMirror>> BucketMirror::Open(S3Client* s3, S3Location loc,
+                                                         std::string node, Store* store,
+                                                         uint64_t segment_bytes) {
+  std::unique_ptr<BucketMirror> m(
+      new BucketMirror(s3, std::move(loc), std::move(node), store, segment_bytes));
+  MutexLock run(m->run_mu_);
+  CKPTFS_ASSIGN_OR_RETURN(std::optional<std::string> newest,
+                          NewestManifestKey(*s3, m->loc_, m->node_));
+  if (!newest) return m;
+  CKPTFS_ASSIGN_OR_RETURN(nlohmann::json manifest, ReadManifest(*s3, m->loc_, *newest));
+  m->seq_ = manifest.value("seq", uint64_t{0});
+  m->last_image_ = manifest["catalog"].value("sha256", "");
+  for (const auto& [file, segments] : manifest["packs"].items()) {
+    std::vector<Segment> segs;
+    for (const auto& s : segments) {
+      segs.push_back({s.at(0).get<uint64_t>(), s.at(1).get<uint64_t>(),
+                      s.at(2).get<std::string>()});
+    }
+    // A local pack shorter than what the bucket holds is not the one published (the cache
+    // belongs to another store or was cut): publish it anew (identical segments dedup).
+    std::error_code ec;
+    uint64_t local = fs::file_size(store->dir() / "packs" / file, ec);
+    uint64_t have = segs.empty() ? 0 : segs.back().offset + segs.back().length;
+    if (!ec && local >= have) m->packs_[file] = std::move(segs);
+  }
+  return m;
+}
+
+MirrorStats BucketMirror::stats() const {
+  MutexLock lock(mu_);
+  return stats_;
+}
+
+Status BucketMirror::Publish() {
+  uint64_t ticket = 0;
+  {
+    MutexLock lock(mu_);
+    ticket = ++requested_;
+  }
+  MutexLock run(run_mu_);
+  uint64_t covering = 0;
+  {
+    MutexLock lock(mu_);
+    if (covered_ >= ticket) return Status::OK();  // a publication that began later covered it
+    covering = requested_;
+  }
+  Status st = PublishNow();
+  MutexLock lock(mu_);
+  if (st.ok()) covered_ = covering;
+  return st;
+}
+
+Status BucketMirror::PublishNow() {
+  // Pack bytes first, up to what the live catalog has committed (synced before their commit);
+  // then a catalog image, whose own committed lengths may be a little further (contents that
+  // committed meanwhile): those bytes too. Then the image, then the manifest.
+  CKPTFS_ASSIGN_OR_RETURN(auto live, CommittedLengths(store_->catalog()));
+  CKPTFS_RETURN_IF_ERROR(UploadPacks(live));
+
+  fs::path image_dir = store_->dir() / kImageDir;
+  std::error_code ec;
+  fs::remove_all(image_dir, ec);
+  fs::create_directories(image_dir, ec);
+  if (ec) return Status::FromErrno(ec.value(), "create " + image_dir.string());
+  CKPTFS_RETURN_IF_ERROR(store_->catalog().CopyTo(image_dir));
+  std::map<std::string, uint64_t> lengths;
+  {
+    CKPTFS_ASSIGN_OR_RETURN(auto image_catalog, Catalog::Open(image_dir));
+    CKPTFS_ASSIGN_OR_RETURN(lengths, CommittedLengths(*image_catalog));
+  }
+  CKPTFS_RETURN_IF_ERROR(UploadPacks(lengths));
+
+  fs::path image = image_dir / "data.mdb";
+  std::ifstream in(image, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (bytes.empty()) return Status::IOError("empty catalog image " + image.string());
+  std::string image_sha = Sha256Hex(AsBytes(bytes));
+  if (image_sha == last_image_ && !uploaded_since_) {  // nothing new since the last manifest
+    fs::remove_all(image_dir, ec);
+    return Status::OK();
+  }
+  CKPTFS_RETURN_IF_ERROR(s3_->Put(loc_.bucket, ObjectKey(loc_, image_sha), AsBytes(bytes)));
+  fs::remove_all(image_dir, ec);
+
+  nlohmann::json packs = nlohmann::json::object();
+  for (const auto& [file, length] : lengths) {
+    nlohmann::json segs = nlohmann::json::array();
+    for (const Segment& s : packs_[file]) segs.push_back({s.offset, s.length, s.sha256});
+    packs[file] = std::move(segs);
+  }
+  nlohmann::json manifest = {{"format", kManifestFormat},
+                             {"node", node_},
+                             {"seq", seq_ + 1},
+                             {"unix_time", static_cast<int64_t>(::time(nullptr))},
+                             {"catalog", {{"sha256", image_sha}, {"bytes", bytes.size()}}},
+                             {"packs", std::move(packs)}};
+  std::string text = manifest.dump();
+  CKPTFS_RETURN_IF_ERROR(s3_->Put(loc_.bucket, ManifestKey(loc_, node_, seq_ + 1), AsBytes(text)));
+  ++seq_;
+  last_image_ = image_sha;
+  uploaded_since_ = false;
+  MutexLock lock(mu_);
+  stats_.catalog_bytes_uploaded += bytes.size();
+  ++stats_.publications;
+  return Status::OK();
+}
+
+Status BucketMirror::UploadPacks(const std::map<std::string, uint64_t>& lengths) {
+  for (const auto& [file, length] : lengths) {
+    std::vector<Segment>& segs = packs_[file];
+    uint64_t have = segs.empty() ? 0 : segs.back().offset + segs.back().length;
+    for (uint64_t off = have; off < length; off += segment_bytes_) {
+      CKPTFS_RETURN_IF_ERROR(UploadSegment(file, off, std::min(segment_bytes_, length - off)));
+    }
+  }
+  return Status::OK();
+}
+
+Status BucketMirror::UploadSegment(const std::string& file, uint64_t offset, uint64_t length) {
+  fs::path path = store_->dir() / "packs" / file;
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::FromErrno(errno, "open " + path.string());
+  Buffer buf(static_cast<size_t>(length));
+  size_t done = 0;
+  Status st;
+  while (done < length) {
+    ssize_t n = ::pread(fd, buf.data() + done, length - done, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      st = n < 0 ? Status::FromErrno(errno, "read " + path.string())
+                 : Status::IOError(path.string() + " is shorter than its committed length");
+      break;
+    }
+    done += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  CKPTFS_RETURN_IF_ERROR(st);
+  std::string sha = Sha256Hex(buf.bytes());
+  std::string key = ObjectKey(loc_, sha);
+  Result<ObjectInfo> there = s3_->Head(loc_.bucket, key);
+  bool dedup = there.ok() && there->size == length;
+  if (!dedup) {
+    if (!there.ok() && !there.status().IsNotFound()) return there.status();
+    CKPTFS_RETURN_IF_ERROR(s3_->Put(loc_.bucket, key, buf.bytes()));
+  }
+  packs_[file].push_back({offset, length, sha});
+  uploaded_since_ = true;
+  MutexLock lock(mu_);
+  if (dedup) {
+    ++stats_.segments_deduplicated;
+  } else {
+    ++stats_.segments_uploaded;
+    stats_.segment_bytes_uploaded += length;
+  }
+  return Status::OK();
+}
+
+}  // namespace ckptfs::objstore

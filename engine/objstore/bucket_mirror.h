@@ -1,0 +1,113 @@
+// engine/objstore/bucket_mirror.h
+//
+// Makes a node's local store durable in an S3 bucket, and brings it back from there into an
+// empty cache directory (docs/scale-out.md):
+//
+//   PREFIX/ckptfs.json                    the store's parameters (InitBucket)
+//   PREFIX/objects/<sha256>               immutable blobs named by their SHA-256: pack segments
+//                                         (<= segment_bytes of a pack file) and catalog images
+//   PREFIX/nodes/<node>/manifests/<seq>   one publication: the catalog image and, per pack
+//                                         file, the segments that make it up
+//
+//   CKPTFS_RETURN_IF_ERROR(BucketMirror::Restore(s3, loc, "node1", cache_dir));  // if empty
+//   auto store = Store::Open(cache_dir, options);
+//   CKPTFS_ASSIGN_OR_RETURN(auto mirror, BucketMirror::Open(&s3, loc, "node1", store.get()));
+//   CKPTFS_RETURN_IF_ERROR(mirror->Publish());   // after the store made its data durable
+//
+// Guarantees:
+// - Publish() returns once every content committed in the store before the call is in the
+//   bucket: the pack bytes its catalog image references (up to each pack's committed length,
+//   which the store synced before committing), the image itself, and then the manifest that
+//   names them. Objects are written before the manifest that points at them, so a node killed
+//   at any point leaves the previous manifest whole; a failed Publish changes no manifest.
+// - Objects are never modified; a publication uploads only pack bytes past what earlier ones
+//   uploaded (plus the catalog image, compacted). Concurrent callers share a publication that
+//   starts after they called (group commit).
+// - Memory: one segment (segment_bytes) per upload or download.
+// Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/objstore/s3_client.h"
+#include "engine/objstore/s3_config.h"
+#include "engine/util/mutex.h"
+#include "engine/util/status.h"
+
+namespace ckptfs {
+class Store;
+}
+
+namespace ckptfs::objstore {
+
+struct MirrorStats {
+  uint64_t publications = 0;  // manifests written (a publication with nothing new writes none)
+  uint64_t segments_uploaded = 0;
+  uint64_t segment_bytes_uploaded = 0;  // pack bytes sent (segments another node had: none)
+  uint64_t segments_deduplicated = 0;   // segments the bucket held already
+  uint64_t catalog_bytes_uploaded = 0;
+};
+
+class BucketMirror {
+ public:
+  static constexpr uint64_t kDefaultSegmentBytes = uint64_t{32} << 20;
+
+  // Records the parameters of a new store (the ckptfs.json of `local_store`, a store just
+  // created) at loc. AlreadyExists when loc holds a store.
+  static Status InitBucket(S3Client& s3, const S3Location& loc,
+                           const std::filesystem::path& local_store);
+  // When `cache_dir` holds no store: fills it from the newest manifest of `node` (or, when the
+  // node published none, with the store's ckptfs.json only). A cache that holds a store is
+  // left as it is. NotFound (saying to run `ckptfs init`) when loc holds no store.
+  static Status Restore(S3Client& s3, const S3Location& loc, const std::string& node,
+                        const std::filesystem::path& cache_dir);
+  // REQUIRES: store is open on the directory Restore filled, and outlives the mirror.
+  static Result<std::unique_ptr<BucketMirror>> Open(S3Client* s3, S3Location loc,
+                                                    std::string node, Store* store,
+                                                    uint64_t segment_bytes = kDefaultSegmentBytes);
+
+  Status Publish();
+  MirrorStats stats() const;
+  // The key of `node`'s manifest number `seq` under loc.
+  static std::string ManifestKey(const S3Location& loc, const std::string& node, uint64_t seq);
+
+ private:
+  struct Segment {
+    uint64_t offset = 0;
+    uint64_t length = 0;
+    std::string sha256;
+  };
+  BucketMirror(S3Client* s3, S3Location loc, std::string node, Store* store,
+               uint64_t segment_bytes);
+  // One publication. REQUIRES: run_mu_ held.
+  Status PublishNow() REQUIRES(run_mu_);
+  // Uploads pack bytes so that every pack holds at least `lengths` (pack file -> bytes).
+  Status UploadPacks(const std::map<std::string, uint64_t>& lengths) REQUIRES(run_mu_);
+  Status UploadSegment(const std::string& file, uint64_t offset, uint64_t length)
+      REQUIRES(run_mu_);
+
+  S3Client* const s3_;
+  const S3Location loc_;
+  const std::string node_;
+  Store* const store_;
+  const uint64_t segment_bytes_;
+
+  mutable Mutex mu_;
+  uint64_t requested_ GUARDED_BY(mu_) = 0;  // publications asked for
+  uint64_t covered_ GUARDED_BY(mu_) = 0;    // asks the last finished publication covered
+  Status last_ GUARDED_BY(mu_);             // its result
+  MirrorStats stats_ GUARDED_BY(mu_);
+
+  Mutex run_mu_;  // one publication at a time; lock order: run_mu_, then mu_
+  uint64_t seq_ GUARDED_BY(run_mu_) = 0;  // the last manifest written
+  std::string last_image_ GUARDED_BY(run_mu_);  // its catalog image (SHA-256)
+  bool uploaded_since_ GUARDED_BY(run_mu_) = false;  // segments uploaded since it was written
+  std::map<std::string, std::vector<Segment>> packs_ GUARDED_BY(run_mu_);
+};
+
+}  // namespace ckptfs::objstore

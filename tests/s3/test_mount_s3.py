@@ -1,0 +1,183 @@
+"""A store in an S3 bucket (docs/scale-out.md), through real mounts against the Ceph fixture:
+`ckptfs init s3://...`, `ckptfs mount s3://... MNT --cache-dir DIR`; fsync and `ckptfs sync`
+return once the data is in the bucket, so a node whose daemon is killed (SIGKILL) loses nothing
+they acknowledged: a mount with an empty cache restores it bitwise; a kill in the middle of an
+upload leaves the last whole publication.
+
+Skips (77) without root/fuse, torch, Ceph or boto3."""
+import os
+import subprocess
+import sys
+import threading
+import time
+import unittest
+import warnings
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "fs"))
+import ceph_fixture  # noqa: E402
+import mounted  # noqa: E402
+
+try:
+    import boto3
+    import torch
+except ImportError:
+    boto3 = torch = None
+
+CLUSTER = None
+
+
+class S3Mount(mounted.Mount):
+    """A node: a cache directory and a mountpoint; `ckptfs mount s3://LOC MNT --cache-dir`."""
+
+    def __init__(self, location, node, name="n"):
+        super().__init__(name)
+        self.location, self.node = location, node
+
+    def mount(self, options=None):
+        assert not mounted.is_mounted(self.mnt)
+        try:
+            mounted.ckptfs("mount", self.location, self.mnt, "--cache-dir", self.store,
+                           "--node", self.node, "--seal-after", "0", timeout=120)
+            self.pid = int(os.getxattr(self.mnt, "user.ckptfs.pid"))
+            with open(mounted._daemon_pid_file(self.mnt), "w") as f:
+                f.write(str(self.pid))
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+
+def model(seed):
+    g = torch.Generator().manual_seed(seed)
+    return {"layer%d.weight" % i: torch.randn(512, 1024, generator=g) for i in range(4)}
+
+
+def save_fsynced(obj, path):
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def bucket_keys(prefix):
+    if not hasattr(CLUSTER, "s3"):
+        CLUSTER.s3 = boto3.client("s3", **CLUSTER.boto_args)
+    pages = CLUSTER.s3.get_paginator("list_objects_v2").paginate(Bucket="ckpts", Prefix=prefix)
+    return [o["Key"] for page in pages for o in page.get("Contents", [])]
+
+
+class S3StoreTest(unittest.TestCase):
+    def test_init_refuses_twice_and_mount_says_what_is_missing(self):
+        mounted.ckptfs("init", "s3://ckpts/twice")
+        again = mounted.ckptfs("init", "s3://ckpts/twice", check=False)
+        self.assertNotEqual(again.returncode, 0)
+        self.assertIn("already", again.stderr)
+        node = S3Mount("s3://ckpts/never-made", "n1")
+        out = mounted.ckptfs("mount", node.location, node.mnt, "--cache-dir", node.store,
+                             check=False, timeout=60)
+        self.assertNotEqual(out.returncode, 0)
+        self.assertIn("ckptfs init s3://ckpts/never-made", out.stdout + out.stderr)
+        out = mounted.ckptfs("mount", "s3://ckpts/twice", node.mnt, check=False)
+        self.assertIn("--cache-dir", out.stderr)
+        self.assertFalse(mounted.is_mounted(node.mnt))
+
+    def test_acknowledged_saves_survive_sigkill_and_restore_into_an_empty_cache(self):
+        loc = "s3://ckpts/acked"
+        mounted.ckptfs("init", loc)
+        a = S3Mount(loc, "rank0", "a")
+        self.addCleanup(a.close)
+        a.mount()
+        os.mkdir(a.path("step1"))
+        save_fsynced(model(1), a.path("step1", "model.pt"))      # acknowledged by fsync
+        with open(a.path("step1", "notes.txt"), "wb") as f:
+            f.write(b"step 1\n" * 1000)
+        mounted.ckptfs("sync", a.mnt)                             # acknowledged by sync
+        expected = {n: mounted.read_file(a.path("step1", n)) for n in ("model.pt", "notes.txt")}
+        self.assertTrue(any("/nodes/rank0/manifests/" in k for k in bucket_keys("acked/")))
+        a.kill_daemon()                                           # the node dies
+
+        b = S3Mount(loc, "rank0", "b")                            # a new node, empty cache
+        self.addCleanup(b.close)
+        b.mount()
+        for name, data in expected.items():
+            self.assertEqual(mounted.read_file(b.path("step1", name)), data, name)
+        loaded = torch.load(b.path("step1", "model.pt"))
+        for k, v in model(1).items():
+            self.assertTrue(torch.equal(loaded[k], v), k)
+        # The restored node goes on writing and publishing from where the bucket was.
+        os.mkdir(b.path("step2"))
+        save_fsynced(model(2), b.path("step2", "model.pt"))
+        b.umount()
+        c = S3Mount(loc, "rank0", "c")
+        self.addCleanup(c.close)
+        c.mount()
+        self.assertEqual(sorted(os.listdir(c.mnt)), ["step1", "step2"])
+        self.assertEqual(mounted.read_file(c.path("step1", "model.pt")), expected["model.pt"])
+        loaded = torch.load(c.path("step2", "model.pt"))
+        self.assertTrue(all(torch.equal(loaded[k], v) for k, v in model(2).items()))
+
+    def test_sigkill_during_upload_leaves_the_last_whole_publication(self):
+        loc = "s3://ckpts/killed"
+        mounted.ckptfs("init", loc)
+        a = S3Mount(loc, "rank0", "a")
+        self.addCleanup(a.close)
+        a.mount()
+        os.mkdir(a.path("v1"))
+        first = mounted.data(6 << 20, 1)
+        mounted.write_file(a.path("v1", "shard"), first)
+        mounted.ckptfs("sync", a.mnt)
+        os.mkdir(a.path("v2"))
+        second = mounted.data(48 << 20, 2)
+        mounted.write_file(a.path("v2", "shard"), second)
+        sync = subprocess.Popen([mounted.CKPTFS, "sync", a.mnt], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        # Kill while the second publication uploads (its segments are 32 MiB), not before.
+        manifests = lambda: [k for k in bucket_keys("killed/") if "/manifests/" in k]
+        objects = len([k for k in bucket_keys("killed/") if "/objects/" in k])
+        mounted.wait_until(lambda: len([k for k in bucket_keys("killed/")
+                                        if "/objects/" in k]) > objects or sync.poll() is not None,
+                           60, 0.02)
+        published_before_kill = len(manifests())
+        a.kill_daemon()
+        sync.wait(60)
+
+        b = S3Mount(loc, "rank0", "b")
+        self.addCleanup(b.close)
+        b.mount()
+        self.assertEqual(mounted.read_file(b.path("v1", "shard")), first)
+        if os.path.exists(b.path("v2", "shard")):  # the publication finished before the kill
+            self.assertEqual(mounted.read_file(b.path("v2", "shard")), second)
+        print("manifests before the kill: %d; v2 restored: %s"
+              % (published_before_kill, os.path.exists(b.path("v2", "shard"))))
+
+
+def main():
+    global CLUSTER
+    mounted.check_prerequisites()
+    if not ceph_fixture.installed() or boto3 is None or torch is None:
+        mounted.skip_all("needs Ceph, python3-boto3 and torch (scripts/setup.sh)")
+    cluster = ceph_fixture.CephCluster(os.path.join(mounted.root_dir(), "ceph"))
+    try:
+        cluster.start()
+        cluster.boto_args = dict(endpoint_url=cluster.endpoint,
+                                 aws_access_key_id=cluster.access_key,
+                                 aws_secret_access_key=cluster.secret_key,
+                                 region_name="us-east-1")
+        os.environ.update(cluster.env())
+        CLUSTER = cluster
+        warnings.simplefilter("ignore", ResourceWarning)  # boto3's pooled connections
+        prog = unittest.main(exit=False, verbosity=2)
+    finally:
+        # Mounts first (their daemons talk to the gateway), then the cluster.
+        for point in mounted.mounted_points():
+            if point.startswith(os.path.realpath(mounted.root_dir())):
+                mounted.force_unmount(point)
+        cluster.stop()
+    mounted._remove_root()
+    sys.exit(0 if prog.result.wasSuccessful() else 1)
+
+
+if __name__ == "__main__":
+    main()
