@@ -170,6 +170,13 @@ int main(int argc, char** argv) {
                  "rewrite packs whose live fraction is below this")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
+  double grace = 3600;
+  gc->add_option("--grace", grace,
+                 "with s3://BUCKET/PREFIX: keep objects and uploads younger than this many "
+                 "seconds (uploads in flight); docs/scale-out.md")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  gc->add_option("--endpoint", endpoint, "with s3://: the S3 endpoint URL");
   auto* stats =
       TargetCommand(app, "stats", "logical vs stored bytes (STORE or a mount)", &store, &json);
   std::string version;
@@ -386,7 +393,10 @@ int main(int argc, char** argv) {
   if (*rm) return Remove(store, name);
   if (*ls) return List(store, json);
   if (*verify) return Verify(store, json);
-  if (*gc) return Gc(store, rewrite_below, json);
+  if (*gc) {
+    if (objstore::IsS3Uri(store)) return GcS3(store, endpoint, grace, json);
+    return Gc(store, rewrite_below, json);
+  }
   if (*stats) return Stats(store, json);
   if (*log) return Log(store, version, json);
   if (*forget) return Forget(store, keep_last, keep_every, dry_run, json);

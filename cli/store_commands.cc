@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <cinttypes>
 #include <cstdio>
 #include <filesystem>
 
@@ -186,6 +187,31 @@ int InitS3(const std::string& location, const std::string& endpoint, const std::
     std::printf("created a ckptfs store at %s on %s (format %u, codec %s)\n",
                 loc->ToString().c_str(), cfg->endpoint.c_str(), kStoreFormatVersion,
                 recorded.c_str());
+  }
+  return kExitOk;
+}
+
+int GcS3(const std::string& location, const std::string& endpoint, double grace_seconds,
+         bool json) {
+  auto loc = objstore::ParseS3Location(location);
+  if (!loc.ok()) return Fail(loc.status());
+  auto cfg = objstore::ResolveS3Config(endpoint, objstore::SystemEnvironment());
+  if (!cfg.ok()) return Fail(cfg.status());
+  auto s3 = objstore::S3Client::Open(*cfg);
+  if (!s3.ok()) return Fail(s3.status());
+  objstore::BucketGcOptions options;
+  options.grace = std::chrono::seconds(static_cast<int64_t>(grace_seconds));
+  auto r = objstore::BucketMirror::CollectGarbage(**s3, *loc, options);
+  if (!r.ok()) return Fail(r.status());
+  if (json) {
+    PrintJson({{"store", loc->ToString()}, {"manifests_deleted", r->manifests_deleted},
+               {"objects_deleted", r->objects_deleted}, {"bytes_deleted", r->bytes_deleted},
+               {"objects_kept", r->objects_kept}, {"uploads_aborted", r->uploads_aborted}});
+  } else {
+    std::printf("gc of %s: %" PRIu64 " manifests and %" PRIu64 " objects (%" PRIu64
+                " bytes) deleted, %" PRIu64 " objects kept, %" PRIu64 " uploads aborted\n",
+                loc->ToString().c_str(), r->manifests_deleted, r->objects_deleted,
+                r->bytes_deleted, r->objects_kept, r->uploads_aborted);
   }
   return kExitOk;
 }

@@ -29,6 +29,10 @@ int Init(const std::string& dir, const std::string& codec, bool json);
 int InitS3(const std::string& location, const std::string& endpoint, const std::string& codec,
            bool json);
 // upgrade: the store's format to this ckptfs's (Store::Open with upgrade_format).
+// `ckptfs gc s3://BUCKET/PREFIX [--grace SECONDS]`: mark and sweep over the bucket's manifests
+// (BucketMirror::CollectGarbage).
+int GcS3(const std::string& location, const std::string& endpoint, double grace_seconds,
+         bool json);
 int Upgrade(const std::string& dir, bool json);
 
 }  // namespace ckptfs::cli

@@ -7,7 +7,9 @@
 #include <cinttypes>
 #include <cstdio>
 #include <ctime>
+#include <algorithm>
 #include <fstream>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "engine/objstore/sigv4.h"
@@ -344,6 +346,67 @@ Status BucketMirror::UploadSegment(const std::string& file, uint64_t offset, uin
     stats_.segment_bytes_uploaded += length;
   }
   return Status::OK();
+}
+
+Result<BucketGcReport> BucketMirror::CollectGarbage(S3Client& s3, const S3Location& loc,
+                                                    const BucketGcOptions& options) {
+  BucketGcReport report;
+  const int64_t now = static_cast<int64_t>(::time(nullptr));
+  const int64_t cutoff = now - static_cast<int64_t>(options.grace.count());
+  const size_t keep = static_cast<size_t>(std::max(1, options.keep_manifests));
+
+  // Mark: the manifests kept, newest first per node, and the objects they name.
+  CKPTFS_ASSIGN_OR_RETURN(std::vector<ObjectEntry> manifests,
+                          s3.List(loc.bucket, loc.Key("nodes/")));
+  std::map<std::string, std::vector<ObjectEntry>> by_node;  // "nodes/<node>/manifests/"
+  for (ObjectEntry& m : manifests) {
+    size_t cut = m.key.rfind('/');
+    if (cut == std::string::npos || m.key.find("/manifests/") == std::string::npos) continue;
+    by_node[m.key.substr(0, cut)].push_back(std::move(m));
+  }
+  std::set<std::string> live;  // object keys
+  std::vector<ObjectEntry> doomed_manifests;
+  for (auto& [node, list] : by_node) {
+    std::sort(list.begin(), list.end(),
+              [](const ObjectEntry& a, const ObjectEntry& b) { return a.key > b.key; });
+    for (size_t i = 0; i < list.size(); ++i) {
+      if (i >= keep && list[i].last_modified <= cutoff) {
+        doomed_manifests.push_back(list[i]);
+        continue;
+      }
+      Result<nlohmann::json> doc = ReadManifest(s3, loc, list[i].key);
+      if (!doc.ok() && doc.status().IsNotFound()) continue;  // another gc took it
+      if (!doc.ok()) return doc.status();
+      live.insert(ObjectKey(loc, (*doc)["catalog"]["sha256"].get<std::string>()));
+      for (const auto& [file, segments] : (*doc)["packs"].items()) {
+        for (const auto& seg : segments) live.insert(ObjectKey(loc, seg.at(2).get<std::string>()));
+      }
+    }
+  }
+  // Sweep: superseded manifests first (nothing reads them), then the objects nothing names.
+  for (const ObjectEntry& m : doomed_manifests) {
+    CKPTFS_RETURN_IF_ERROR(s3.Delete(loc.bucket, m.key));
+    ++report.manifests_deleted;
+  }
+  CKPTFS_ASSIGN_OR_RETURN(std::vector<ObjectEntry> objects,
+                          s3.List(loc.bucket, loc.Key("objects/")));
+  for (const ObjectEntry& o : objects) {
+    if (live.count(o.key) > 0 || o.last_modified > cutoff) {
+      ++report.objects_kept;
+      continue;
+    }
+    CKPTFS_RETURN_IF_ERROR(s3.Delete(loc.bucket, o.key));
+    ++report.objects_deleted;
+    report.bytes_deleted += o.size;
+  }
+  CKPTFS_ASSIGN_OR_RETURN(std::vector<UploadEntry> uploads,
+                          s3.ListUploads(loc.bucket, loc.prefix.empty() ? "" : loc.prefix + "/"));
+  for (const UploadEntry& u : uploads) {
+    if (u.initiated > cutoff) continue;
+    CKPTFS_RETURN_IF_ERROR(s3.AbortUpload(loc.bucket, u.key, u.upload_id));
+    ++report.uploads_aborted;
+  }
+  return report;
 }
 
 }  // namespace ckptfs::objstore

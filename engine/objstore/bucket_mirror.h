@@ -27,6 +27,7 @@
 // Thread-safe.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -53,6 +54,22 @@ struct MirrorStats {
   uint64_t catalog_bytes_uploaded = 0;
 };
 
+struct BucketGcOptions {
+  // Objects and incomplete uploads younger than this are kept whatever names them: a
+  // publication uploads its objects before the manifest that names them (longer than any).
+  std::chrono::seconds grace{3600};
+  // Manifests kept per node, newest first (at least 1; the newest is what a restore reads).
+  int keep_manifests = 2;
+};
+
+struct BucketGcReport {
+  uint64_t manifests_deleted = 0;
+  uint64_t objects_deleted = 0;
+  uint64_t bytes_deleted = 0;
+  uint64_t objects_kept = 0;  // named by a kept manifest, or within the grace period
+  uint64_t uploads_aborted = 0;
+};
+
 class BucketMirror {
  public:
   static constexpr uint64_t kDefaultSegmentBytes = uint64_t{32} << 20;
@@ -72,6 +89,14 @@ class BucketMirror {
                                                     uint64_t segment_bytes = kDefaultSegmentBytes);
 
   Status Publish();
+
+  // Mark and sweep over the bucket: keeps each node's newest keep_manifests manifests and
+  // every manifest younger than the grace period, deletes the other manifests, then every
+  // object that no kept manifest names and that is older than the grace period, and aborts
+  // incomplete multipart uploads older than it. Safe with nodes publishing meanwhile, as long
+  // as no upload takes longer than the grace period.
+  static Result<BucketGcReport> CollectGarbage(S3Client& s3, const S3Location& loc,
+                                               const BucketGcOptions& options);
   MirrorStats stats() const;
   // The key of `node`'s manifest number `seq` under loc.
   static std::string ManifestKey(const S3Location& loc, const std::string& node, uint64_t seq);

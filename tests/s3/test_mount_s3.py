@@ -68,6 +68,18 @@ def bucket_keys(prefix):
     return [o["Key"] for page in pages for o in page.get("Contents", [])]
 
 
+def named_objects(prefix):
+    """Object keys the manifests under prefix name (catalog images and pack segments)."""
+    import json
+    named = set()
+    for key in bucket_keys(prefix + "nodes/"):
+        doc = json.loads(CLUSTER.s3.get_object(Bucket="ckpts", Key=key)["Body"].read())
+        named.add(prefix + "objects/" + doc["catalog"]["sha256"])
+        for segments in doc["packs"].values():
+            named.update(prefix + "objects/" + seg[2] for seg in segments)
+    return named
+
+
 class S3StoreTest(unittest.TestCase):
     def test_init_refuses_twice_and_mount_says_what_is_missing(self):
         mounted.ckptfs("init", "s3://ckpts/twice")
@@ -149,8 +161,34 @@ class S3StoreTest(unittest.TestCase):
         self.assertEqual(mounted.read_file(b.path("v1", "shard")), first)
         if os.path.exists(b.path("v2", "shard")):  # the publication finished before the kill
             self.assertEqual(mounted.read_file(b.path("v2", "shard")), second)
-        print("manifests before the kill: %d; v2 restored: %s"
-              % (published_before_kill, os.path.exists(b.path("v2", "shard"))))
+        v2_restored = os.path.exists(b.path("v2", "shard"))
+        b.umount()
+
+        # The killed publication's objects are named by no manifest: gc collects them (grace 0:
+        # nothing uploads now), and keeps everything the kept manifests name.
+        orphans = set(bucket_keys("killed/objects/")) - named_objects("killed/")
+        self.assertTrue(orphans or v2_restored, "the kill left no orphan to collect")
+        # A multipart upload a killed node left unfinished (it is what a node dies in during a
+        # large segment upload).
+        CLUSTER.s3.create_multipart_upload(Bucket="ckpts", Key="killed/objects/" + "0" * 64)
+        import json
+        # With the default grace period (1 h) nothing this young goes: uploads may be in flight.
+        report = json.loads(mounted.ckptfs("gc", loc, "--json").stdout)
+        self.assertEqual((report["objects_deleted"], report["uploads_aborted"]), (0, 0))
+        report = json.loads(mounted.ckptfs("gc", loc, "--grace", "0", "--json").stdout)
+        self.assertEqual(report["objects_deleted"], len(orphans))
+        self.assertEqual(report["uploads_aborted"], 1)
+        self.assertEqual(CLUSTER.s3.list_multipart_uploads(Bucket="ckpts", Prefix="killed/")
+                         .get("Uploads", []), [])
+        objects = set(bucket_keys("killed/objects/"))
+        self.assertEqual(objects & orphans, set())
+        self.assertTrue(named_objects("killed/") <= objects)
+        c = S3Mount(loc, "rank0", "c")
+        self.addCleanup(c.close)
+        c.mount()
+        self.assertEqual(mounted.read_file(c.path("v1", "shard")), first)
+        print("manifests before the kill: %d; v2 restored: %s; orphans collected: %d"
+              % (published_before_kill, v2_restored, len(orphans)))
 
 
 def main():
