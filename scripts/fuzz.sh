@@ -9,20 +9,30 @@
 #        scripts/fuzz.sh all [SECONDS] [JOBS]        every target in turn
 #        scripts/fuzz.sh --ci [SECONDS]              every target for SECONDS (default 20) from
 #                                                    its seeds only; fails on the first crash
+#        scripts/fuzz.sh --runs N TARGET|all         the long runs of docs/reliability.md: each
+#                                                    target until N executions (no time limit),
+#                                                    one process; log in build-fuzz/TARGET-runs.log
 #        scripts/fuzz.sh SECONDS [JOBS]              the torch_zip target (as before targets)
 # Targets: torch_zip (engine/format/torch_zip.h), torch_pickle (torch_pickle.h), safetensors
 # (safetensors.h), views (engine/views/tensor_view.h, precision_view.h: whole files; its
-# dictionary is the other three's). The corpus grows in build-fuzz/corpus/TARGET/; a crashing
-# input is saved as build-fuzz/crash-* (rerun it with build-fuzz/TARGET_fuzz FILE).
+# dictionary is the other three's), control_protocol (engine/namespace/control_protocol.h: the
+# frames and requests of the control socket). The corpus grows in build-fuzz/corpus/TARGET/; a
+# crashing input is saved as build-fuzz/crash-* (rerun it with build-fuzz/TARGET_fuzz FILE).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-targets=(torch_zip torch_pickle safetensors views)
+targets=(torch_zip torch_pickle safetensors views control_protocol)
 ci=0
+runs=0
+if [ "${1:-}" = --runs ]; then
+  runs="${2:?fuzz.sh: --runs N TARGET}"
+  shift 2
+  [ "${1:-}" ] || { echo "fuzz.sh: --runs N needs a target or all" >&2; exit 2; }
+fi
 case "${1:-}" in
   --ci) ci=1; shift; selected=("${targets[@]}"); seconds="${1:-20}"; jobs=1 ;;
   all) shift; selected=("${targets[@]}") ;;
-  torch_zip|torch_pickle|safetensors|views) selected=("$1"); shift ;;
+  torch_zip|torch_pickle|safetensors|views|control_protocol) selected=("$1"); shift ;;
   ''|[0-9]*) selected=(torch_zip) ;;
   *) echo "fuzz.sh: unknown target '$1' (${targets[*]}, all, --ci)" >&2; exit 2 ;;
 esac
@@ -107,6 +117,34 @@ PY
       cp "$tmp"/*.safetensors "$dir"/
       rm -rf "$tmp"
       ;;
+    control_protocol)
+      # Requests as the snapshot engine and the ckptfs command send them: each alone (the JSON)
+      # and a whole connection's worth (framed).
+      python3 - "$dir" <<'PY'
+import json, struct, sys
+out = sys.argv[1]
+cid = "ab" * 32
+reqs = {
+    "begin": {"op": "begin", "version": "global_step100", "rank": 1, "world_size": 4},
+    "reserve": {"op": "reserve_pack"},
+    "commit": {"op": "commit", "file": "rank_1.safetensors", "size": 4096, "pack_id": 7,
+               "pack_length": 4200, "chunks": [[cid, 4096, 32, 4168], [cid, 4096]],
+               "shard": {"rank": 1, "file": "rank_1.safetensors",
+                         "tensors": {"w": {"dtype": "F32", "shape": [32, 32],
+                                           "global_shape": [128, 32], "offsets": [32, 0]}}}},
+    "admin": {"op": "admin", "cmd": "log"},
+    "admin_diff": {"op": "admin", "cmd": "diff", "a": "v1", "b": "v2"},
+}
+def frame(r):
+    body = json.dumps(r, separators=(",", ":")).encode()
+    return struct.pack("<I", len(body)) + body
+for name, r in reqs.items():
+    open(f"{out}/{name}.json", "wb").write(json.dumps(r).encode())
+open(f"{out}/session.bin", "wb").write(
+    b"".join(frame(reqs[n]) for n in ("begin", "reserve", "commit")))
+open(f"{out}/admin.bin", "wb").write(frame(reqs["admin"]) + frame(reqs["admin_diff"]))
+PY
+      ;;
   esac
 }
 
@@ -154,6 +192,19 @@ for t in "${selected[@]}"; do
   fi
   corpus="$build/corpus/$t"
   mkdir -p "$corpus"
+  if [ "$runs" -gt 0 ]; then
+    args+=(-max_total_time=0 -runs="$runs")
+    echo "fuzz.sh: $t for $runs executions (log: $build/$t-runs.log)"
+    start=$(date +%s)
+    if ! "$build/${t}_fuzz" "${args[@]}" "$corpus" "$seeds" >"$build/$t-runs.log" 2>&1; then
+      tail -n 40 "$build/$t-runs.log" >&2
+      echo "fuzz.sh: $t failed; the input is $build/crash-* (log: $build/$t-runs.log)" >&2
+      exit 1
+    fi
+    echo "fuzz.sh: $t: $(grep -E '^stat::number_of_executed_units' "$build/$t-runs.log" |
+      awk '{print $2}') executions in $(( $(date +%s) - start )) s, no crash"
+    continue
+  fi
   if [ "$jobs" -gt 1 ]; then
     args+=(-jobs="$jobs" -workers="$jobs")
   fi

@@ -29,18 +29,6 @@ std::string Ok(json extra = json::object()) {
 
 std::string Error(const Status& s) { return json{{"ok", false}, {"error", s.ToString()}}.dump(); }
 
-bool GetUint(const json& j, const char* key, uint64_t* out) {
-  if (!j.is_object() || !j.contains(key) || !j[key].is_number_unsigned()) return false;
-  *out = j[key].get<uint64_t>();
-  return true;
-}
-
-bool GetString(const json& j, const char* key, std::string* out) {
-  if (!j.is_object() || !j.contains(key) || !j[key].is_string()) return false;
-  *out = j[key].get<std::string>();
-  return true;
-}
-
 }  // namespace
 
 struct ControlServer::Connection {
@@ -186,35 +174,34 @@ void ControlServer::Serve(std::shared_ptr<Connection> conn) {
 }
 
 std::string ControlServer::Handle(Connection& conn, const std::string& request) {
-  json req = json::parse(request, nullptr, /*allow_exceptions=*/false);
-  std::string op;
-  if (!GetString(req, "op", &op)) return Error(Status::InvalidArgument("no op"));
-  if (op == "begin") {
-    std::string version;
-    uint64_t rank, world;
-    if (!GetString(req, "version", &version) || !GetUint(req, "rank", &rank) ||
-        !GetUint(req, "world_size", &world) || world == 0 || world > 65536 || rank >= world) {
-      return Error(Status::InvalidArgument("begin needs version, rank < world_size <= 65536"));
+  Result<ControlRequest> req = DecodeControlRequest(request);
+  if (!req.ok()) return Error(req.status());
+  switch (req->op) {
+    case ControlRequest::Op::kBegin:
+      return Begin(conn, req->version, static_cast<int>(req->rank),
+                   static_cast<int>(req->world_size));
+    case ControlRequest::Op::kReservePack:
+      return ReservePack(conn);
+    case ControlRequest::Op::kCommit:
+      return Commit(conn, req->commit);
+    case ControlRequest::Op::kAdmin: {  // the ckptfs command's requests (admin.h)
+      ProgressFn progress;
+      ProgressThrottle throttle(kAdminProgressInterval);
+      bool peer_gone = false;
+      if (req->admin_progress) {  // frames {ok, progress: {done, total}} until the reply
+        progress = [&](uint64_t done, uint64_t total) {
+          if (peer_gone || !throttle.Due(done, total)) return;
+          peer_gone = !SendFrame(conn.fd.get(),
+                                 Ok({{"progress", {{"done", done}, {"total", total}}}}))
+                           .ok();
+        };
+      }
+      auto reply =
+          RunAdmin(store_, fs_, json::parse(req->admin_json, nullptr, false), progress);
+      return reply.ok() ? Ok({{"reply", *reply}}) : Error(reply.status());
     }
-    return Begin(conn, version, static_cast<int>(rank), static_cast<int>(world));
   }
-  if (op == "reserve_pack") return ReservePack(conn);
-  if (op == "commit") return Commit(conn, request);
-  if (op == "admin") {  // the ckptfs command's requests for a mounted store (admin.h)
-    ProgressFn progress;
-    ProgressThrottle throttle(kAdminProgressInterval);
-    bool peer_gone = false;
-    if (req.value("progress", false)) {  // frames {ok, progress: {done, total}} until the reply
-      progress = [&](uint64_t done, uint64_t total) {
-        if (peer_gone || !throttle.Due(done, total)) return;
-        peer_gone =
-            !SendFrame(conn.fd.get(), Ok({{"progress", {{"done", done}, {"total", total}}}})).ok();
-      };
-    }
-    auto reply = RunAdmin(store_, fs_, req, progress);
-    return reply.ok() ? Ok({{"reply", *reply}}) : Error(reply.status());
-  }
-  return Error(Status::InvalidArgument("unknown op " + op));
+  return Error(Status::InvalidArgument("unknown op"));
 }
 
 std::string ControlServer::Begin(Connection& conn, const std::string& version, int rank,
@@ -279,8 +266,7 @@ std::string ControlServer::ReservePack(Connection& conn) {
   return Ok({{"pack_id", pack->first}, {"path", pack->second.string()}});
 }
 
-std::string ControlServer::Commit(Connection& conn, const std::string& request) {
-  json req = json::parse(request, nullptr, /*allow_exceptions=*/false);
+std::string ControlServer::Commit(Connection& conn, const RankCommit& commit) {
   std::shared_ptr<PendingVersion> v;
   {
     std::lock_guard lock(mu_);
@@ -289,40 +275,31 @@ std::string ControlServer::Commit(Connection& conn, const std::string& request) 
     }
     v = conn.pending;
   }
-  FileSystem::ExternalFile file;
-  uint64_t size, pack_id, pack_length;
   const std::string expected_name = "rank_" + std::to_string(conn.rank) + ".safetensors";
-  if (!GetString(req, "file", &file.name) || file.name != expected_name ||
-      !GetUint(req, "size", &size) || !GetUint(req, "pack_id", &pack_id) ||
-      !GetUint(req, "pack_length", &pack_length) || !req.contains("chunks") ||
-      !req["chunks"].is_array() || !req.contains("shard") || !req["shard"].is_object()) {
-    return Error(Status::InvalidArgument("commit needs file " + expected_name +
-                                         ", size, pack_id, pack_length, chunks, shard"));
+  if (commit.file_name != expected_name) {
+    return Error(Status::InvalidArgument("commit of rank " + std::to_string(conn.rank) +
+                                         " names its file " + expected_name));
   }
   {
     std::lock_guard lock(mu_);
-    if (std::find(conn.reserved.begin(), conn.reserved.end(), pack_id) == conn.reserved.end()) {
-      return Error(Status::InvalidArgument("pack " + std::to_string(pack_id) +
+    if (std::find(conn.reserved.begin(), conn.reserved.end(), commit.pack_id) ==
+        conn.reserved.end()) {
+      return Error(Status::InvalidArgument("pack " + std::to_string(commit.pack_id) +
                                            " was not reserved by this connection"));
     }
   }
-  file.size = size;
-  file.pack_id = static_cast<uint32_t>(pack_id);
-  for (const json& c : req["chunks"]) {
+  FileSystem::ExternalFile file;
+  file.name = commit.file_name;
+  file.size = commit.size;
+  file.pack_id = commit.pack_id;
+  for (const CommitChunk& c : commit.chunks) {
     Store::AdoptedChunk a;
-    if (!c.is_array() || (c.size() != 2 && c.size() != 4) || !c[0].is_string() ||
-        !ChunkId::FromHex(c[0].get<std::string>(), &a.id) || !c[1].is_number_unsigned()) {
-      return Error(Status::InvalidArgument("malformed chunk entry"));
-    }
-    a.raw_len = c[1].get<uint32_t>();
-    if (c.size() == 4) {
-      if (!c[2].is_number_unsigned() || !c[3].is_number_unsigned()) {
-        return Error(Status::InvalidArgument("malformed chunk location"));
-      }
-      a.record = PackLocation{file.pack_id, c[2].get<uint64_t>(), c[3].get<uint32_t>()};
-    }
+    a.id = c.id;
+    a.raw_len = c.raw_len;
+    if (c.stored) a.record = PackLocation{file.pack_id, c.offset, c.length};
     file.chunks.push_back(a);
   }
+  const uint64_t pack_length = commit.pack_length;
   // The records are checked outside the lock: other ranks commit meanwhile.
   Status checked = store_->CheckExternalPack(file.pack_id, pack_length, &file.chunks);
   if (!checked.ok()) return Error(checked);
@@ -339,7 +316,7 @@ std::string ControlServer::Commit(Connection& conn, const std::string& request) 
     conn.reserved.clear();
     if (file.pack_length == 0) file.pack_id = 0;
     v->parts[conn.rank] = std::move(file);
-    v->shards[conn.rank] = req["shard"];
+    v->shards[conn.rank] = json::parse(commit.shard_json, nullptr, false);
     if (conn.rank == 0) v->owner = conn.peer;
     conn.committed = true;
     last = ++v->committed == v->world_size;

@@ -28,11 +28,13 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "engine/namespace/control_protocol.h"
 #include "engine/namespace/filesystem.h"
 #include "engine/store/store.h"
 #include "engine/util/file.h"
@@ -68,7 +70,7 @@ class ControlServer {
   std::string Handle(Connection& conn, const std::string& request);
   std::string Begin(Connection& conn, const std::string& version, int rank, int world_size);
   std::string ReservePack(Connection& conn);
-  std::string Commit(Connection& conn, const std::string& request);
+  std::string Commit(Connection& conn, const RankCommit& commit);
   Status Finalize(PendingVersion& v);
   // REQUIRES: mu_ held. Abandons conn's uncommitted version; returns the packs to delete.
   std::vector<uint32_t> LeaveLocked(Connection& conn, const std::string& why);

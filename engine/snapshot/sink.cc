@@ -36,8 +36,12 @@ class DaemonSink : public PersistSink {
   explicit DaemonSink(FileDescriptor fd) : fd_(std::move(fd)) {}
 
   Status Begin(const std::string& version, int rank, int world_size) override {
-    json req = {{"op", "begin"}, {"version", version}, {"rank", rank}, {"world_size", world_size}};
-    CKPTFS_ASSIGN_OR_RETURN(json reply, Call(req));
+    ControlRequest req;
+    req.op = ControlRequest::Op::kBegin;
+    req.version = version;
+    req.rank = static_cast<uint32_t>(rank);
+    req.world_size = static_cast<uint32_t>(world_size);
+    CKPTFS_ASSIGN_OR_RETURN(json reply, Call(EncodeControlRequest(req)));
     max_delta_chain_ = 1;  // a daemon that does not say takes no deltas
     if (reply.contains("max_delta_chain") && reply["max_delta_chain"].is_number_unsigned()) {
       max_delta_chain_ = std::max<uint32_t>(1, reply["max_delta_chain"].get<uint32_t>());
@@ -46,7 +50,7 @@ class DaemonSink : public PersistSink {
   }
 
   Result<PackTarget> ReservePack() override {
-    CKPTFS_ASSIGN_OR_RETURN(json reply, Call({{"op", "reserve_pack"}}));
+    CKPTFS_ASSIGN_OR_RETURN(json reply, Call(EncodeControlRequest(ControlRequest{})));
     if (!reply.contains("pack_id") || !reply["pack_id"].is_number_unsigned() ||
         !reply.contains("path") || !reply["path"].is_string()) {
       return Status::IOError("ckptfs daemon: malformed reserve_pack reply");
@@ -63,8 +67,8 @@ class DaemonSink : public PersistSink {
   uint32_t max_delta_chain() const override { return max_delta_chain_; }
 
  private:
-  Result<json> Call(const json& request) {
-    CKPTFS_RETURN_IF_ERROR(SendFrame(fd_.get(), request.dump()));
+  Result<json> Call(const std::string& request) {
+    CKPTFS_RETURN_IF_ERROR(SendFrame(fd_.get(), request));
     return Receive();
   }
   Result<json> Receive() {
@@ -128,23 +132,6 @@ class DirSink : public PersistSink {
 };
 
 }  // namespace
-
-std::string EncodeCommit(const RankCommit& c) {
-  json chunks = json::array();
-  for (const CommitChunk& ch : c.chunks) {
-    if (ch.stored) {
-      chunks.push_back(json::array({ch.id.Hex(), ch.raw_len, ch.offset, ch.length}));
-    } else {
-      chunks.push_back(json::array({ch.id.Hex(), ch.raw_len}));
-    }
-  }
-  json shard = json::parse(c.shard_json, nullptr, /*allow_exceptions=*/false);
-  if (shard.is_discarded()) shard = json::object();
-  json msg = {{"op", "commit"},       {"file", c.file_name},          {"size", c.size},
-              {"pack_id", c.pack_id}, {"pack_length", c.pack_length}, {"chunks", chunks},
-              {"shard", shard}};
-  return msg.dump();
-}
 
 Result<std::unique_ptr<PersistSink>> ConnectDaemon(const std::filesystem::path& socket) {
   sockaddr_un addr{};

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "engine/hash/chunk_id.h"
+#include "engine/namespace/control_protocol.h"
 #include "engine/util/status.h"
 
 namespace ckptfs::snapshot {
@@ -31,23 +32,10 @@ struct PackTarget {
   std::filesystem::path path;  // exists, with its pack header; records go from byte 32 on
 };
 
-// One chunk of the rank's file, in file order.
-struct CommitChunk {
-  ChunkId id;
-  uint32_t raw_len = 0;
-  bool stored = false;  // false: a reference to a chunk the store already holds
-  uint64_t offset = 0;  // stored: the record in the reserved pack
-  uint32_t length = 0;  // stored: header + payload
-};
-
-struct RankCommit {
-  std::string file_name;  // rank_R.safetensors
-  uint64_t size = 0;
-  uint32_t pack_id = 0;
-  uint64_t pack_length = 0;  // bytes of the pack written, its header included
-  std::vector<CommitChunk> chunks;
-  std::string shard_json;  // this rank's part of manifest.json
-};
+// The commit of a rank (engine/namespace/control_protocol.h, where it is encoded and decoded).
+using ckptfs::CommitChunk;
+using ckptfs::EncodeCommit;
+using ckptfs::RankCommit;
 
 class PersistSink {
  public:
@@ -64,8 +52,5 @@ class PersistSink {
 
 Result<std::unique_ptr<PersistSink>> ConnectDaemon(const std::filesystem::path& socket);
 std::unique_ptr<PersistSink> NewDirSink(const std::filesystem::path& dir);
-
-// The commit message of the control protocol (also what the directory sink writes).
-std::string EncodeCommit(const RankCommit& commit);
 
 }  // namespace ckptfs::snapshot
