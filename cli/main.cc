@@ -304,11 +304,14 @@ int main(int argc, char** argv) {
                    "serve the statistics of `ckptfs stats` in Prometheus' text format at "
                    "http://127.0.0.1:PORT/metrics (off unless given)")
       ->check(CLI::Range(1, 65535));
+  mount->add_option("--control-group", margs.control_group,
+                    "let the members of this group use the control socket too (snapshots and "
+                    "ckptfs commands), e.g. a training job not run by the daemon's user");
   std::vector<std::string> mount_options;
   mount->add_option("-o", mount_options,
                     "comma-separated options, as in fstab: cache_size=, inflight=, codec=, "
                     "delta_chain=, seal_after=, snapshot_timeout=, forward_deltas, keep_last=, "
-                    "keep_every=, prometheus=, create (as the flags above, "
+                    "keep_every=, prometheus=, control_group=, create (as the flags above, "
                     "and applied after them), FUSE options (allow_other, ro, ...)");
   std::string mountpoint;
   auto* umount = app.add_subcommand("umount", "make everything durable, then unmount");

@@ -1,6 +1,7 @@
 #include "fs/mount.h"
 
 #include <fcntl.h>
+#include <grp.h>
 #include <malloc.h>
 #include <spdlog/sinks/rotating_file_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -23,6 +24,7 @@
 #include <thread>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "engine/namespace/admin.h"
 #include "engine/namespace/control_protocol.h"
@@ -43,6 +45,20 @@ namespace {
 constexpr int kReadaheadKb = 4096;
 constexpr size_t kLogFileBytes = 16u << 20;
 constexpr size_t kLogFiles = 3;
+
+// The id of group `name` (-o control_group=NAME).
+Result<uint32_t> GroupId(const std::string& name) {
+  std::vector<char> buf(16384);
+  group gr{};
+  group* found = nullptr;
+  int rc = ::getgrnam_r(name.c_str(), &gr, buf.data(), buf.size(), &found);
+  if (rc != 0) return Status::FromErrno(rc, "look up group " + name);
+  if (found == nullptr) {
+    return Status::InvalidArgument("control_group=" + name +
+                                   ": no such group (create it, or give an existing one)");
+  }
+  return static_cast<uint32_t>(gr.gr_gid);
+}
 
 // Reports the mount's outcome to the parent waiting in `ckptfs mount` (or to stderr).
 class ReadyPipe {
@@ -232,9 +248,18 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
   }
 
   // The snapshot engine's control socket (docs/snapshot.md); stopped before the filesystem.
+  std::optional<uint32_t> control_gid;
+  if (!args.control_group.empty()) {
+    auto gid = GroupId(args.control_group);
+    if (!gid.ok()) {
+      ready.Report(gid.status().ToString());
+      return 1;
+    }
+    control_gid = *gid;
+  }
   auto control = ControlServer::Start(fs->get(), store->get(),
                                       std::filesystem::path(args.store) / kControlSocketName,
-                                      args.snapshot_timeout);
+                                      args.snapshot_timeout, control_gid);
   if (!control.ok()) {
     ready.Report("cannot start the control socket: " + control.status().ToString());
     return 1;

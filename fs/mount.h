@@ -42,6 +42,9 @@ struct MountArgs {
   // A snapshot version whose ranks have not all committed this long after the first began is
   // abandoned (engine/namespace/control_server.h).
   std::chrono::milliseconds snapshot_timeout{std::chrono::minutes(30)};
+  // A group whose members may use the control socket too (snapshots, ckptfs commands): e.g. a
+  // non-root training job snapshotting into a daemon run by root. Empty: the daemon's user only.
+  std::string control_group;
   std::vector<std::string> fuse_options;  // each as given to -o
   // The object store (docs/scale-out.md): with s3_location ("s3://BUCKET/PREFIX") set, `store`
   // is this node's cache directory, filled from the bucket when it holds no store, and fsync

@@ -89,6 +89,9 @@ Status ApplyOne(std::string_view option, MountArgs* args) {
                                      (key == "keep_last" ? ", at least 1" : ""));
     }
     (key == "keep_last" ? args->keep_last : args->keep_every) = n;
+  } else if (key == "control_group") {
+    if (Status s = need_value(); !s.ok()) return s;
+    args->control_group = std::string(value);
   } else if (key == "create" && !has_value) {
     args->create = true;
   } else if (key == "forward_deltas" && !has_value) {

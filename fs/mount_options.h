@@ -11,7 +11,8 @@
 // Three kinds of option:
 //   - the daemon's own, the same settings as the flags of `ckptfs mount`: cache_size=SIZE,
 //     inflight=SIZE, codec=SPEC, delta_chain=N, seal_after=SECONDS, snapshot_timeout=SECONDS,
-//     keep_last=N, keep_every=K, prometheus=PORT, create (make the store if STORE has none);
+//     keep_last=N, keep_every=K, prometheus=PORT, control_group=NAME, create (make the store if
+//     STORE has none);
 //   - options for mount(8) and systemd, not for the filesystem: defaults, auto, noauto, user,
 //     nouser, users, owner, group, nofail, _netdev, comment=..., x-...; dropped;
 //   - everything else goes to FUSE as given (allow_other, ro, noatime, ...): FUSE refuses what it

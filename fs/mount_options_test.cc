@@ -97,3 +97,19 @@ TEST(ApplyMountOptions, KeepLastAndKeepEverySetRotation) {
 
 }  // namespace
 }  // namespace ckptfs
+
+namespace ckptfs {
+namespace {
+
+TEST(ApplyMountOptions, ControlGroupNamesAGroupForTheDaemon) {
+  MountArgs args;
+  EXPECT_TRUE(args.control_group.empty());  // the daemon's user only unless asked
+  ASSERT_TRUE(ApplyMountOptions("control_group=trainers,group", &args).ok());
+  EXPECT_EQ(args.control_group, "trainers");
+  EXPECT_TRUE(args.fuse_options.empty());  // neither reaches FUSE (`group` is mount(8)'s)
+  EXPECT_FALSE(ApplyMountOptions("control_group=", &args).ok());
+  EXPECT_FALSE(ApplyMountOptions("control_group", &args).ok());
+}
+
+}  // namespace
+}  // namespace ckptfs

@@ -58,27 +58,68 @@ struct ControlServer::PendingVersion {
 
 Result<std::unique_ptr<ControlServer>> ControlServer::Start(
     FileSystem* fs, Store* store, const std::filesystem::path& socket,
-    std::chrono::milliseconds pending_timeout) {
+    std::chrono::milliseconds pending_timeout, std::optional<uint32_t> control_gid) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (socket.string().size() >= sizeof(addr.sun_path)) {
     return Status::InvalidArgument("control socket path too long: " + socket.string());
   }
   std::strncpy(addr.sun_path, socket.c_str(), sizeof(addr.sun_path) - 1);
-  std::unique_ptr<ControlServer> server(new ControlServer(fs, store, socket, pending_timeout));
+  std::unique_ptr<ControlServer> server(
+      new ControlServer(fs, store, socket, pending_timeout, control_gid));
   server->listen_fd_ = FileDescriptor(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!server->listen_fd_.valid()) return Status::FromErrno(errno, "socket");
   ::unlink(socket.c_str());  // a stale socket of an earlier daemon
   if (::bind(server->listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     return Status::FromErrno(errno, "bind " + socket.string());
   }
-  if (::chmod(socket.c_str(), 0600) != 0)
-    return Status::FromErrno(errno, "chmod " + socket.string());
+  CKPTFS_RETURN_IF_ERROR(server->SetAccess());
   if (::listen(server->listen_fd_.get(), 64) != 0) return Status::FromErrno(errno, "listen");
   server->acceptor_ = std::thread([p = server.get()] { p->AcceptLoop(); });
   server->reaper_ = std::thread([p = server.get()] { p->ReapLoop(); });
-  spdlog::info("control socket at {}", socket.string());
+  if (control_gid) {
+    spdlog::info("control socket at {}, for uid {} and group {}", socket.string(), ::geteuid(),
+                 *control_gid);
+  } else {
+    spdlog::info("control socket at {}, for uid {}", socket.string(), ::geteuid());
+  }
   return server;
+}
+
+Status ControlServer::SetAccess() const {
+  const std::filesystem::path dirs[] = {store_->dir(), store_->dir() / "packs"};
+  const mode_t dir_mode = control_gid_ ? 0710 : 0700;
+  const mode_t socket_mode = control_gid_ ? 0660 : 0600;
+  for (const auto& p : {dirs[0], dirs[1], path_}) {
+    if (control_gid_ && ::chown(p.c_str(), static_cast<uid_t>(-1), *control_gid_) != 0) {
+      return Status::FromErrno(errno, "chgrp " + std::to_string(*control_gid_) + " " +
+                                          p.string() +
+                                          " (control_group: the daemon's user must be root or "
+                                          "a member of the group)");
+    }
+    if (::chmod(p.c_str(), p == path_ ? socket_mode : dir_mode) != 0) {
+      return Status::FromErrno(errno, "chmod " + p.string());
+    }
+  }
+  return Status::OK();
+}
+
+bool ControlServer::Admits(int fd, uint32_t uid, uint32_t gid) const {
+  if (uid == ::geteuid() || uid == 0) return true;
+  if (!control_gid_) return false;
+  if (gid == *control_gid_) return true;
+  // The peer's supplementary groups, as they were when it connected.
+  std::vector<gid_t> groups(64);
+  for (;;) {
+    socklen_t len = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &len) == 0) {
+      groups.resize(len / sizeof(gid_t));
+      break;
+    }
+    if (errno != ERANGE || len / sizeof(gid_t) <= groups.size()) return false;
+    groups.resize(len / sizeof(gid_t));
+  }
+  return std::find(groups.begin(), groups.end(), *control_gid_) != groups.end();
 }
 
 ControlServer::~ControlServer() {
@@ -141,10 +182,12 @@ void ControlServer::AcceptLoop() {
     ucred cred{};
     socklen_t len = sizeof(cred);
     if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 ||
-        (cred.uid != ::geteuid() && cred.uid != 0)) {
-      // Only the daemon's user (and root) may talk to it, whatever the socket's mode.
-      spdlog::warn("control socket: refused a connection from uid {} (pid {}): only uid {} may "
-                   "connect", cred.uid, cred.pid, ::geteuid());
+        !Admits(fd, cred.uid, cred.gid)) {
+      // Whatever the socket's mode says (docs/threat-model.md).
+      spdlog::warn("control socket: refused a connection from uid {} (pid {}): only uid {}{} "
+                   "may connect (mount -o control_group=NAME lets a group in)",
+                   cred.uid, cred.pid, ::geteuid(),
+                   control_gid_ ? " and group " + std::to_string(*control_gid_) : "");
       continue;  // conn's destructor closes fd
     }
     conn->peer = Caller{cred.uid, cred.gid};

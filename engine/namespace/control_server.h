@@ -2,7 +2,12 @@
 //
 // The mount daemon's control socket (STORE/control.sock, mode 0600; the mount's root answers
 // the xattr user.ckptfs.control with its path): how the snapshot engine of a training process
-// publishes a sharded version without sending its bytes through FUSE. Per connection, one rank:
+// publishes a sharded version without sending its bytes through FUSE. It serves the daemon's
+// user, root, and, when a control group is given (mount -o control_group=NAME), the members of
+// that group: then the socket is 0660 and the store's root and packs/ 0710 in that group, so
+// that members reach the socket and the packs reserved for them (each 0600, owned by the rank's
+// user) but can list nothing. Any other peer (SO_PEERCRED) is closed unanswered. Per
+// connection, one rank:
 //
 //   begin {version, rank, world_size}   -> ok        (the name is free; the rank joins)
 //   reserve_pack                        -> {pack_id, path}: the rank appends records there
@@ -43,10 +48,13 @@ namespace ckptfs {
 
 class ControlServer {
  public:
-  // Listens on `socket` (a stale socket file there is replaced).
+  // Listens on `socket` (a stale socket file there is replaced), for the daemon's user and root,
+  // and the members of group `control_gid` when set (see above; the store's directory modes
+  // are set either way, so that a mount without the group is private again).
   static Result<std::unique_ptr<ControlServer>> Start(
       FileSystem* fs, Store* store, const std::filesystem::path& socket,
-      std::chrono::milliseconds pending_timeout = std::chrono::minutes(30));
+      std::chrono::milliseconds pending_timeout = std::chrono::minutes(30),
+      std::optional<uint32_t> control_gid = std::nullopt);
   // Stops accepting, closes every connection (abandoning versions not yet complete) and joins.
   ~ControlServer();
   ControlServer(const ControlServer&) = delete;
@@ -58,8 +66,16 @@ class ControlServer {
   struct Connection;
   struct PendingVersion;
   ControlServer(FileSystem* fs, Store* store, std::filesystem::path path,
-                std::chrono::milliseconds pending_timeout)
-      : fs_(fs), store_(store), path_(std::move(path)), pending_timeout_(pending_timeout) {}
+                std::chrono::milliseconds pending_timeout, std::optional<uint32_t> control_gid)
+      : fs_(fs),
+        store_(store),
+        path_(std::move(path)),
+        pending_timeout_(pending_timeout),
+        control_gid_(control_gid) {}
+  // Sets the modes (and group) of the store's root, packs/ and the socket.
+  Status SetAccess() const;
+  // Whether the peer of connection `fd` (SO_PEERCRED uid and gid) may use the socket.
+  bool Admits(int fd, uint32_t uid, uint32_t gid) const;
   void AcceptLoop();
   // Abandons the versions pending longer than pending_timeout_, until stopping_.
   void ReapLoop();
@@ -80,6 +96,7 @@ class ControlServer {
   Store* const store_;
   const std::filesystem::path path_;
   const std::chrono::milliseconds pending_timeout_;
+  const std::optional<uint32_t> control_gid_;
   FileDescriptor listen_fd_;
   std::thread acceptor_;
   std::thread reaper_;

@@ -71,8 +71,10 @@ def _to_output(array, dtype):
         import torch
     except ImportError:
         return array
-    t = torch.from_numpy(np.ascontiguousarray(array).copy())
-    return t.view(torch.bfloat16) if dtype == "BF16" else t
+    a = np.array(array, order="C")  # a copy; ascontiguousarray would make a 0-d array 1-d
+    if dtype == "BF16":  # torch (1.13) takes no uint16 array: its bits as int16
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
 
 
 def load_sharded(version_dir, rank, world_size, dim=0):
