@@ -21,9 +21,9 @@ Result<size_t> HostRing::Allocate(size_t n) {
     return Status::InvalidArgument("a staging region of " + std::to_string(n) +
                                    " bytes does not fit a ring of " + std::to_string(capacity_));
   }
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   size_t at;
-  freed_.wait(lock, [&] { return (at = FitLocked(n)) != SIZE_MAX; });
+  while ((at = FitLocked(n)) == SIZE_MAX) freed_.Wait(lock);
   regions_.push_back(Region{at, n, false});
   head_ = at + n;
   used_ += n;
@@ -33,7 +33,7 @@ Result<size_t> HostRing::Allocate(size_t n) {
 
 void HostRing::Release(size_t offset) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (Region& r : regions_) {
       if (r.offset == offset && !r.released) {
         r.released = true;
@@ -44,16 +44,16 @@ void HostRing::Release(size_t offset) {
     while (!regions_.empty() && regions_.front().released) regions_.pop_front();
     if (regions_.empty()) head_ = 0;
   }
-  freed_.notify_all();
+  freed_.NotifyAll();
 }
 
 size_t HostRing::used() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return used_;
 }
 
 size_t HostRing::peak() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return peak_;
 }
 

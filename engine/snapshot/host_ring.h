@@ -13,12 +13,11 @@
 // Thread-safe.
 #pragma once
 
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
-#include <mutex>
 
+#include "engine/util/mutex.h"
 #include "engine/util/status.h"
 
 namespace ckptfs::snapshot {
@@ -47,17 +46,17 @@ class HostRing {
     size_t size;
     bool released;
   };
-  // REQUIRES: mu_ held. The offset where n bytes fit now, or SIZE_MAX.
-  size_t FitLocked(size_t n) const;
+  // The offset where n bytes fit now, or SIZE_MAX.
+  size_t FitLocked(size_t n) const REQUIRES(mu_);
 
   std::byte* const memory_;
   const size_t capacity_;
-  mutable std::mutex mu_;
-  std::condition_variable freed_;
-  std::deque<Region> regions_;  // GUARDED_BY(mu_): in allocation order
-  size_t head_ = 0;             // GUARDED_BY(mu_): where the next region starts
-  size_t used_ = 0;             // GUARDED_BY(mu_)
-  size_t peak_ = 0;             // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  CondVar freed_;
+  std::deque<Region> regions_ GUARDED_BY(mu_);  // in allocation order
+  size_t head_ GUARDED_BY(mu_) = 0;             // where the next region starts
+  size_t used_ GUARDED_BY(mu_) = 0;
+  size_t peak_ GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace ckptfs::snapshot

@@ -14,7 +14,7 @@ constexpr size_t kMaxChain = 255;  // as the store's readers
 }  // namespace
 
 Result<std::shared_ptr<FileDescriptor>> PackReader::Fd(uint32_t pack_id) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = fds_.find(pack_id);
   if (it != fds_.end()) return it->second;
   CKPTFS_ASSIGN_OR_RETURN(FileDescriptor fd, OpenFile(dir_ / PackFileName(pack_id), O_RDONLY));

@@ -19,12 +19,12 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
-#include <mutex>
 #include <unordered_map>
 
 #include "engine/hash/chunk_id.h"
 #include "engine/util/buffer.h"
 #include "engine/util/file.h"
+#include "engine/util/mutex.h"
 #include "engine/util/status.h"
 
 namespace ckptfs::snapshot {
@@ -50,8 +50,8 @@ class PackReader {
   Result<std::shared_ptr<FileDescriptor>> Fd(uint32_t pack_id);
 
   const std::filesystem::path dir_;
-  std::mutex mu_;
-  std::unordered_map<uint32_t, std::shared_ptr<FileDescriptor>> fds_;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::unordered_map<uint32_t, std::shared_ptr<FileDescriptor>> fds_ GUARDED_BY(mu_);
 };
 
 }  // namespace ckptfs::snapshot

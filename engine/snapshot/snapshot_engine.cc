@@ -88,23 +88,23 @@ Snapshot::~Snapshot() {
 }
 
 void Snapshot::Fail(const Status& s) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (error_.ok()) error_ = s;
 }
 
 void Snapshot::Advance(Phase phase, Status s) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!s.ok() && error_.ok()) error_ = s;
     phase_ = phase;
     if (error_.ok()) ok_through_ = phase;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 Status Snapshot::WaitFor(Phase phase) {
-  std::unique_lock lock(mu_);
-  cv_.wait(lock, [&] { return phase_ >= phase; });
+  MutexLock lock(mu_);
+  while (phase_ < phase) cv_.Wait(lock);
   if (ok_through_ >= phase) return Status::OK();
   return error_;
 }
@@ -114,7 +114,7 @@ Status Snapshot::WaitCommitted() { return WaitFor(Phase::kCommitted); }
 Status Snapshot::Wait() { return WaitFor(Phase::kDone); }
 
 SnapshotStats Snapshot::stats() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   SnapshotStats s = stats_;
   s.blocks_unchanged = blocks_unchanged_.load();
   s.bytes_copied = bytes_copied_.load();
@@ -130,18 +130,18 @@ void Snapshot::Run() {
   const auto start = Clock::now();
   Status s = Stage();
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stats_.stage_seconds = Seconds(start);
   }
   Advance(Phase::kStaged, s);
   {  // every persist task (and copy) has finished before anything else happens
     if (!s.ok()) (void)engine_->backend_->Drain();
-    std::unique_lock lock(task_mu_);
-    task_cv_.wait(lock, [&] { return tasks_pending_ == 0; });
+    MutexLock lock(task_mu_);
+    while (tasks_pending_ != 0) task_cv_.Wait(lock);
   }
   if (s.ok()) s = Persist();
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stats_.persist_seconds = Seconds(start);
   }
   Advance(Phase::kCommitted, s);
@@ -163,7 +163,7 @@ void Snapshot::Run() {
     engine_->prev_ = std::move(table);
   }
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stats_.total_seconds = Seconds(start);
   }
   Advance(Phase::kDone, s);
@@ -204,7 +204,7 @@ Status Snapshot::Stage() {
     }
   }
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stats_.tensors = tensors_.size();
     stats_.blocks = slots - 1;
     for (const TensorDesc& t : tensors_) stats_.bytes += t.nbytes;
@@ -256,7 +256,7 @@ Status Snapshot::Stage() {
         CKPTFS_RETURN_IF_ERROR(CopyRun(i, run, run + run_len));
         run_len = 0;
       }
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (!error_.ok()) return error_;
     }
   }
@@ -274,7 +274,7 @@ Status Snapshot::CopyRun(size_t tensor, uint64_t first_block, uint64_t end_block
   region->pending = end_block - first_block;
   bytes_copied_ += n;
   {
-    std::lock_guard lock(task_mu_);
+    MutexLock lock(task_mu_);
     tasks_pending_ += end_block - first_block;
   }
   const size_t first_slot = first_slot_[tensor] + first_block;
@@ -299,7 +299,7 @@ void Snapshot::PersistBlock(std::shared_ptr<Region> region, size_t slot, uint64_
   if (slot != SIZE_MAX) {
     bool failed;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       failed = !error_.ok();
     }
     if (!failed) {
@@ -310,10 +310,10 @@ void Snapshot::PersistBlock(std::shared_ptr<Region> region, size_t slot, uint64_
   }
   if (--region->pending == 0) engine_->ring_->Release(region->at);
   {
-    std::lock_guard lock(task_mu_);
+    MutexLock lock(task_mu_);
     --tasks_pending_;
   }
-  task_cv_.notify_all();
+  task_cv_.NotifyAll();
 }
 
 Status Snapshot::StoreChunk(size_t index, const std::byte* raw, size_t n) {
@@ -321,7 +321,7 @@ Status Snapshot::StoreChunk(size_t index, const std::byte* raw, size_t n) {
   slot.chunk.id = ChunkId::Of({raw, n});
   slot.chunk.raw_len = static_cast<uint32_t>(n);
   {
-    std::lock_guard lock(dedup_mu_);
+    MutexLock lock(dedup_mu_);
     auto it = written_.find(slot.chunk.id);
     if (it != written_.end()) {  // the same bytes twice in this file: one record
       slot.chunk = it->second.chunk;
@@ -343,7 +343,7 @@ Status Snapshot::StoreChunk(size_t index, const std::byte* raw, size_t n) {
     }
   }
   CKPTFS_RETURN_IF_ERROR(WriteRecord(slot, {raw, n}, base ? &*base : nullptr));
-  std::lock_guard lock(dedup_mu_);
+  MutexLock lock(dedup_mu_);
   written_.emplace(slot.chunk.id, slot);
   return Status::OK();
 }
@@ -383,7 +383,7 @@ Status Snapshot::WriteRecord(Slot& slot, Bytes raw, const Buffer* base) {
 
 Status Snapshot::Persist() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!error_.ok()) return error_;
   }
   CKPTFS_RETURN_IF_ERROR(
@@ -410,7 +410,7 @@ Engine::Engine(std::unique_ptr<PersistSink> sink, int rank, int world_size, cons
 Engine::~Engine() {
   std::shared_ptr<Snapshot> current;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     current = std::move(current_);
   }
   if (current) (void)current->Wait();
@@ -454,7 +454,7 @@ Result<std::unique_ptr<Engine>> Engine::Open(std::unique_ptr<PersistSink> sink, 
 Result<std::shared_ptr<Snapshot>> Engine::Start(const std::string& version,
                                                 std::vector<TensorDesc> tensors,
                                                 std::map<std::string, std::string> metadata) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (current_) {
     (void)current_->Wait();  // its failure was reported to its own handle
     current_.reset();

@@ -22,11 +22,9 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -38,6 +36,7 @@
 #include "engine/snapshot/record_chain.h"
 #include "engine/snapshot/sink.h"
 #include "engine/util/file.h"
+#include "engine/util/mutex.h"
 #include "engine/util/worker_pool.h"
 
 namespace ckptfs::snapshot {
@@ -126,20 +125,20 @@ class Snapshot {
   std::atomic<uint64_t> pack_end_{0};
   std::unique_ptr<PackReader> bases_;  // the packs of earlier snapshots, for delta bases
   uint32_t max_delta_chain_ = 1;
-  std::mutex dedup_mu_;
-  std::unordered_map<ChunkId, Slot> written_;  // GUARDED_BY(dedup_mu_)
+  Mutex dedup_mu_;
+  std::unordered_map<ChunkId, Slot> written_ GUARDED_BY(dedup_mu_);
   std::thread driver_;
 
-  std::mutex task_mu_;
-  std::condition_variable task_cv_;
-  size_t tasks_pending_ = 0;  // GUARDED_BY(task_mu_)
+  Mutex task_mu_;
+  CondVar task_cv_;
+  size_t tasks_pending_ GUARDED_BY(task_mu_) = 0;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  Phase phase_ = Phase::kStaging;       // GUARDED_BY(mu_)
-  Phase ok_through_ = Phase::kStaging;  // GUARDED_BY(mu_): the last phase reached without error
-  Status error_;                        // GUARDED_BY(mu_): the first failure
-  SnapshotStats stats_;                 // GUARDED_BY(mu_) for the seconds
+  mutable Mutex mu_;
+  CondVar cv_;
+  Phase phase_ GUARDED_BY(mu_) = Phase::kStaging;
+  Phase ok_through_ GUARDED_BY(mu_) = Phase::kStaging;  // the last phase reached without error
+  Status error_ GUARDED_BY(mu_);                        // the first failure
+  SnapshotStats stats_ GUARDED_BY(mu_);                 // (the seconds; counters are atomics)
   std::atomic<uint64_t> blocks_unchanged_{0}, bytes_copied_{0}, records_written_{0},
       record_bytes_{0}, chunks_deduped_{0}, records_delta_{0}, delta_bases_unreadable_{0};
 };
@@ -187,8 +186,8 @@ class Engine {
   std::unique_ptr<HostRing> ring_;
   std::unique_ptr<WorkerPool> pool_;
 
-  std::mutex mu_;
-  std::shared_ptr<Snapshot> current_;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::shared_ptr<Snapshot> current_ GUARDED_BY(mu_);
   // Written by the snapshot's driver thread once its version is complete; read by the next
   // snapshot's driver (snapshots never overlap).
   BlockTable prev_;

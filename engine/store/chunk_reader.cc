@@ -53,7 +53,7 @@ std::filesystem::path ChunkReader::PackPath(uint32_t pack_id) const {
 }
 
 Result<std::shared_ptr<FileDescriptor>> ChunkReader::PackFd(uint32_t pack_id) const {
-  std::lock_guard lock(fd_mu_);
+  MutexLock lock(fd_mu_);
   auto it = fds_.find(pack_id);
   if (it != fds_.end()) return it->second;
   CKPTFS_ASSIGN_OR_RETURN(FileDescriptor fd, OpenFile(PackPath(pack_id), O_RDONLY));
@@ -63,7 +63,7 @@ Result<std::shared_ptr<FileDescriptor>> ChunkReader::PackFd(uint32_t pack_id) co
 }
 
 void ChunkReader::ForgetPack(uint32_t pack_id) {
-  std::lock_guard lock(fd_mu_);
+  MutexLock lock(fd_mu_);
   fds_.erase(pack_id);
 }
 
@@ -108,7 +108,7 @@ ChunkReader::LoadResult ChunkReader::LoadChained(const ChunkId& id, const ChunkR
   std::promise<LoadResult> promise;
   std::shared_future<LoadResult> pending;
   {
-    std::lock_guard lock(loading_mu_);
+    MutexLock lock(loading_mu_);
     auto it = loading_.find(id);
     if (it != loading_.end()) {
       pending = it->second;
@@ -138,7 +138,7 @@ ChunkReader::LoadResult ChunkReader::LoadChained(const ChunkId& id, const ChunkR
     return decode();
   }();
   promise.set_value(result);
-  std::lock_guard lock(loading_mu_);
+  MutexLock lock(loading_mu_);
   loading_.erase(id);
   return result;
 }

@@ -29,7 +29,6 @@
 #include <filesystem>
 #include <future>
 #include <memory>
-#include <mutex>
 #include <unordered_map>
 
 #include "engine/store/catalog.h"
@@ -37,6 +36,7 @@
 #include "engine/store/record.h"
 #include "engine/util/buffer.h"
 #include "engine/util/file.h"
+#include "engine/util/mutex.h"
 #include "engine/util/status.h"
 
 namespace ckptfs {
@@ -113,13 +113,13 @@ class ChunkReader {
   const Catalog* const catalog_;
   ChunkCache* const cache_;
   // Chunks being decoded: a second reader (or the prefetcher) waits for the first.
-  mutable std::mutex loading_mu_;
-  mutable std::unordered_map<ChunkId, std::shared_future<LoadResult>>
-      loading_;  // GUARDED_BY(loading_mu_)
+  mutable Mutex loading_mu_;
+  mutable std::unordered_map<ChunkId, std::shared_future<LoadResult>> loading_
+      GUARDED_BY(loading_mu_);
   mutable std::atomic<uint64_t> read_bytes_{0};
   mutable std::atomic<uint64_t> reads_{0};
-  mutable std::mutex fd_mu_;
-  mutable std::unordered_map<uint32_t, std::shared_ptr<FileDescriptor>> fds_;  // GUARDED_BY(fd_mu_)
+  mutable Mutex fd_mu_;
+  mutable std::unordered_map<uint32_t, std::shared_ptr<FileDescriptor>> fds_ GUARDED_BY(fd_mu_);
 };
 
 }  // namespace ckptfs

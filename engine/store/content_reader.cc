@@ -9,7 +9,7 @@ std::pair<uint64_t, uint64_t> ReadaheadWindow::Advance(uint64_t offset, uint64_t
                                                        bool* sequential_out) {
   if (sequential_out) *sequential_out = false;
   if (readahead_ == 0 || n == 0) return {0, 0};
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   // The kernel may reorder a few requests of one sequential stream: allow some slack.
   const bool sequential = offset <= next_ + (1 << 20) && offset + (1 << 20) >= next_;
   if (sequential_out) *sequential_out = sequential;
@@ -44,7 +44,7 @@ Result<size_t> ContentReader::ReadSlices(uint64_t offset, size_t length,
   std::vector<ChunkId> drop;
   bool stream, stream_ahead;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!sequential) {
       // A jump: the stream (if any) ended; what it left behind is of no use to it.
       for (const auto& [end, chunk] : streamed_) drop.push_back(chunk);
@@ -69,7 +69,7 @@ Result<size_t> ContentReader::ReadSlices(uint64_t offset, size_t length,
   CKPTFS_ASSIGN_OR_RETURN(size_t n, store_->ReadSlices(id_, offset, length, out, mode));
   if (!stream) return n;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (size_t i = first; i < out->size(); ++i) {
       const ChunkSlice& slice = (*out)[i];
       if (slice.reaches_chunk_end()) streamed_.emplace_back(slice.content_end, slice.id);

@@ -23,11 +23,11 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <utility>
 #include <vector>
 
 #include "engine/store/store.h"
+#include "engine/util/mutex.h"
 
 namespace ckptfs {
 
@@ -41,9 +41,9 @@ class ReadaheadWindow {
 
  private:
   const uint64_t readahead_;
-  std::mutex mu_;
-  uint64_t next_ = 0;              // GUARDED_BY(mu_): where a sequential read would start
-  uint64_t prefetched_until_ = 0;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  uint64_t next_ GUARDED_BY(mu_) = 0;  // where a sequential read would start
+  uint64_t prefetched_until_ GUARDED_BY(mu_) = 0;
 };
 
 class ContentReader {
@@ -71,11 +71,11 @@ class ContentReader {
   const ContentId id_;
   ReadaheadWindow window_;
   const WorkerPool::Priority priority_;
-  std::mutex mu_;
+  Mutex mu_;
   // Streamed chunks this reader has read to their end, not yet dropped: {end, id}.
-  std::deque<std::pair<uint64_t, ChunkId>> streamed_;  // GUARDED_BY(mu_)
-  uint64_t run_start_ = 0;  // GUARDED_BY(mu_): where the current sequential run started
-  uint64_t furthest_ = 0;   // GUARDED_BY(mu_)
+  std::deque<std::pair<uint64_t, ChunkId>> streamed_ GUARDED_BY(mu_);
+  uint64_t run_start_ GUARDED_BY(mu_) = 0;  // where the current sequential run started
+  uint64_t furthest_ GUARDED_BY(mu_) = 0;
   // Chunks ending at or before this are behind the reader: prefetch skips them.
   const std::shared_ptr<std::atomic<uint64_t>> consumed_ =
       std::make_shared<std::atomic<uint64_t>>(0);

@@ -15,7 +15,7 @@ SpaceReserve::SpaceReserve(std::filesystem::path path, uint64_t bytes)
     : path_(std::move(path)), bytes_(bytes) {}
 
 Status SpaceReserve::Refill() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (bytes_ == 0 || held_) return Status::OK();
   CKPTFS_ASSIGN_OR_RETURN(FileDescriptor fd, OpenFile(path_, O_RDWR | O_CREAT | O_CLOEXEC));
   struct stat st {};
@@ -38,7 +38,7 @@ Status SpaceReserve::Refill() {
 }
 
 bool SpaceReserve::Release() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (!held_) return false;
   held_ = false;
   std::error_code ec;
@@ -50,7 +50,7 @@ bool SpaceReserve::Release() {
 }
 
 bool SpaceReserve::held() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return held_;
 }
 

@@ -16,8 +16,8 @@
 
 #include <cstdint>
 #include <filesystem>
-#include <mutex>
 
+#include "engine/util/mutex.h"
 #include "engine/util/status.h"
 
 namespace ckptfs {
@@ -40,8 +40,8 @@ class SpaceReserve {
  private:
   const std::filesystem::path path_;
   const uint64_t bytes_;
-  mutable std::mutex mu_;
-  bool held_ = false;  // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  bool held_ GUARDED_BY(mu_) = false;
 };
 
 }  // namespace ckptfs

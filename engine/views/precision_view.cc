@@ -14,6 +14,7 @@
 #include "engine/format/torch_pickle.h"
 #include "engine/format/zip.h"
 #include "engine/util/coding.h"
+#include "engine/util/mutex.h"
 #include "engine/util/read_at.h"
 #include "engine/views/convert.h"
 #include "engine/views/tensor_view.h"
@@ -130,7 +131,7 @@ class TorchPlan : public PrecisionPlan {
       : entries_(std::move(entries)), size_(BuildZip(entries_)->size()) {}
   uint64_t size() const override { return size_; }
   uint64_t memory_bytes() const override {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     uint64_t n = sizeof(*this) + (file_ ? file_->memory_bytes() : 0);
     for (const OutEntry& e : entries_) {
       n += sizeof(OutEntry) + e.name.capacity() + (e.bytes ? e.bytes->capacity() : 0);
@@ -139,7 +140,7 @@ class TorchPlan : public PrecisionPlan {
   }
 
   Result<std::shared_ptr<const VirtualFile>> Finish(const SourceReader& read) override {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (file_) return file_;
     Buffer block(kCrcBlockBytes);
     for (OutEntry& e : entries_) {
@@ -161,10 +162,10 @@ class TorchPlan : public PrecisionPlan {
   }
 
  private:
-  mutable std::mutex mu_;
-  std::vector<OutEntry> entries_;  // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  std::vector<OutEntry> entries_ GUARDED_BY(mu_);
   const uint64_t size_;
-  std::shared_ptr<const VirtualFile> file_;  // GUARDED_BY(mu_)
+  std::shared_ptr<const VirtualFile> file_ GUARDED_BY(mu_);
 };
 
 Result<std::shared_ptr<PrecisionPlan>> PlanTorch(const SourceReader& read, uint64_t size,
