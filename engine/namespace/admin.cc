@@ -788,8 +788,10 @@ Result<json> DamagedFiles(Store& store, const VerifyReport& report) {
 
 }  // namespace
 
-Result<json> RunAdmin(Store* store, FileSystem* fs, const json& request,
-                      const ProgressFn& progress) {
+namespace {
+
+Result<json> RunAdminRequest(Store* store, FileSystem* fs, const json& request,
+                             const ProgressFn& progress) {
   if (!request.is_object() || !request.contains("cmd") || !request["cmd"].is_string()) {
     return Status::InvalidArgument("an admin request needs cmd");
   }
@@ -891,6 +893,19 @@ Result<json> RunAdmin(Store* store, FileSystem* fs, const json& request,
     return json{{"removed", name}, {"parent", parent}, {"entry", name.substr(begin)}};
   }
   return Status::InvalidArgument("unknown admin request '" + cmd + "'");
+}
+
+}  // namespace
+
+Result<json> RunAdmin(Store* store, FileSystem* fs, const json& request,
+                      const ProgressFn& progress) {
+  // A field of the wrong type ({"version": 5}) makes json::value() throw: an error for the
+  // caller, never an exception out of the daemon's connection thread.
+  try {
+    return RunAdminRequest(store, fs, request, progress);
+  } catch (const nlohmann::json::exception& e) {
+    return Status::InvalidArgument(std::string("malformed admin request: ") + e.what());
+  }
 }
 
 }  // namespace ckptfs

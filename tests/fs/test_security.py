@@ -146,6 +146,21 @@ class SecurityTest(mounted.MountedTestCase):
         self.assertEqual(got, "b''", "nobody's connection must be closed unanswered")
         self.assertNotEqual(request(path), b"", "the owner is still served")
 
+    def test_malformed_requests_are_errors_not_crashes(self):
+        # Each used to throw out of json::value() in the daemon's connection thread (the
+        # daemon ended, the mount with it); each must be an error reply now.
+        path = os.getxattr(self.mnt, "user.ckptfs.control").decode()
+        for body in (b'{"op":"admin","cmd":"log","version":5}',
+                     b'{"op":"admin","cmd":"forget_plan","keep_last":"3"}',
+                     b'{"op":"admin","cmd":"gc","progress":1}',
+                     b'{"op":"commit","file":"rank_0.safetensors","size":1,"pack_id":1,'
+                     b'"pack_length":40,"chunks":[["' + b"a" * 64 + b'",4294967297]],"shard":{}}',
+                     b'{"op":"begin","version":"v","rank":2,"world_size":2}', b'[]', b'{'):
+            reply = request_json(path, body)
+            self.assertIn('"ok":false', reply, body)
+        self.assertEqual(os.listdir(self.mnt), [], "the daemon still serves the mount")
+        self.assertIn('"ok":true', request_json(path, b'{"op":"admin","cmd":"log"}'))
+
 
 class ControlGroupTest(mounted.MountedTestCase):
     """-o control_group=G with a real second user."""
