@@ -9,7 +9,8 @@
 // (which mount serves a path or a store), store_commands.cc (put/get/ls/rm/init/upgrade),
 // mount_commands.cc (mount/umount/sync/seal), admin_commands.cc + admin_client.cc (log/forget/
 // status/stats/verify/gc/advise: through the daemon when the store is mounted, else on the
-// store directly; advise's arithmetic in advise.h), export_commands.cc (diff/export/restore).
+// store directly; advise's arithmetic in advise.h), export_commands.cc (diff/export/restore),
+// progress.cc (the progress line of long commands on a terminal).
 #pragma once
 
 #include <nlohmann/json.hpp>

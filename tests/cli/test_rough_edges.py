@@ -4,11 +4,12 @@ upgrades, umount of a read-only mount, messages for misdirected commands, help a
 did-you-mean, sizes in T, --version with the store format."""
 import json
 import os
+import subprocess
 import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cli_common import ckptfs_xattrs, mounted, new_dir, run  # noqa: E402
+from cli_common import CKPTFS, ckptfs_xattrs, mounted, new_dir, run  # noqa: E402
 
 
 class NotAMount(unittest.TestCase):
@@ -216,6 +217,26 @@ class Help(unittest.TestCase):
             for line in p.stdout.splitlines():
                 if line.strip().startswith("-") and len(line.split()) < 2:
                     self.fail("%s: %r has no description" % (command, line))
+
+    def test_bash_completion_reads_the_commands_and_options_from_the_binary(self):
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                              "packaging", "bash-completion", "ckptfs")
+
+        def complete(*words):
+            line = ("source %s; COMP_WORDS=(%s %s); COMP_CWORD=%d; _ckptfs; "
+                    "echo \"${COMPREPLY[*]}\"" % (script, CKPTFS, " ".join(words), len(words)))
+            return subprocess.run(["bash", "-c", line], capture_output=True, text=True,
+                                  check=True).stdout.split()
+
+        listing = run("help").stdout
+        commands = [line.split()[0] for line in
+                    listing.split("Subcommands:")[1].strip().splitlines() if line.strip()]
+        self.assertEqual(sorted(c for c in complete("") if not c.startswith("-")),
+                         sorted(commands))
+        self.assertEqual(complete("adv"), ["advise"])
+        self.assertEqual(complete("advise", "--m"), ["--mtbf"])
+        self.assertEqual(complete("mount", "s", "m", "--keep-l"), ["--keep-last"])
+        self.assertEqual(complete("export", "a", "b", "--to", "s"), ["safetensors"])
 
     def test_no_command_prints_the_help(self):
         p = run()
