@@ -4,6 +4,12 @@ namespace ckptfs {
 
 ChunkCache::ChunkCache(size_t capacity_bytes) : capacity_(capacity_bytes), shards_(kShards) {}
 
+bool ChunkCache::Contains(const ChunkId& id) const {
+  const Shard& shard = ShardFor(id);
+  std::lock_guard lock(shard.mu);
+  return shard.index.count(id) != 0;
+}
+
 std::shared_ptr<const Buffer> ChunkCache::Lookup(const ChunkId& id, bool streamed) {
   Shard& s = ShardFor(id);
   std::lock_guard lock(s.mu);

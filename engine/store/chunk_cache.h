@@ -34,6 +34,8 @@ class ChunkCache {
 
   // streamed: the caller is a sequential reader, whose hit does not make the entry ordinary.
   std::shared_ptr<const Buffer> Lookup(const ChunkId& id, bool streamed = false);
+  // Whether the chunk is cached now; counts as neither hit nor miss and changes no order.
+  bool Contains(const ChunkId& id) const;
   void Insert(const ChunkId& id, std::shared_ptr<const Buffer> chunk, bool streamed = false);
   // Removes the entry if it is still a streamed one.
   void DropStreamed(const ChunkId& id);
@@ -57,6 +59,7 @@ class ChunkCache {
     size_t bytes = 0;
   };
   Shard& ShardFor(const ChunkId& id) { return shards_[id.bytes[31] % kShards]; }
+  const Shard& ShardFor(const ChunkId& id) const { return shards_[id.bytes[31] % kShards]; }
 
   const size_t capacity_;
   std::vector<Shard> shards_;

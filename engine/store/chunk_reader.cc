@@ -3,7 +3,9 @@
 #include <fcntl.h>
 #include <sys/uio.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <tuple>
 
 #include "engine/codec/piece_codec.h"
 
@@ -50,6 +52,28 @@ Status PReadTwo(int fd, uint64_t offset, MutableBytes header, MutableBytes paylo
 
 std::filesystem::path ChunkReader::PackPath(uint32_t pack_id) const {
   return packs_dir_ / PackFileName(pack_id);
+}
+
+void ChunkReader::WillNeed(std::vector<ChunkRow> rows) const {
+  std::sort(rows.begin(), rows.end(), [](const ChunkRow& a, const ChunkRow& b) {
+    return std::tie(a.pack_id, a.offset) < std::tie(b.pack_id, b.offset);
+  });
+  size_t i = 0;
+  while (i < rows.size()) {
+    const uint32_t pack = rows[i].pack_id;
+    uint64_t begin = rows[i].offset, end = rows[i].offset + rows[i].length;
+    size_t j = i + 1;
+    for (; j < rows.size() && rows[j].pack_id == pack && rows[j].offset <= end + kReadaheadGap;
+         ++j) {
+      end = std::max(end, rows[j].offset + rows[j].length);
+    }
+    auto fd = PackFd(pack);
+    if (fd.ok()) {
+      (void)::posix_fadvise((*fd)->get(), static_cast<off_t>(begin),
+                            static_cast<off_t>(end - begin), POSIX_FADV_WILLNEED);
+    }
+    i = j;
+  }
 }
 
 Result<std::shared_ptr<FileDescriptor>> ChunkReader::PackFd(uint32_t pack_id) const {

@@ -30,6 +30,7 @@
 #include <future>
 #include <memory>
 #include <unordered_map>
+#include <vector>
 
 #include "engine/store/catalog.h"
 #include "engine/store/chunk_cache.h"
@@ -84,6 +85,14 @@ class ChunkReader {
   }
   // Reads a record and checks it against `row` (header, lengths, codec, payload checksum).
   Result<CheckedRecord> ReadRecord(const ChunkId& id, const ChunkRow& row) const;
+
+  // Asks the kernel to start reading these records' bytes from their packs now
+  // (POSIX_FADV_WILLNEED over runs of adjacent records, coalesced across gaps up to
+  // kReadaheadGap), so that the loads that follow find them in the page cache: one large
+  // asynchronous read instead of one small synchronous pread per record. Advisory: errors are
+  // ignored (the loads report them).
+  void WillNeed(std::vector<ChunkRow> rows) const;
+  static constexpr uint64_t kReadaheadGap = 256 << 10;
 
   // Closes the cached descriptor of a pack (before it is deleted).
   void ForgetPack(uint32_t pack_id);

@@ -5,6 +5,7 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -91,6 +92,58 @@ TEST_F(ChunkReaderTest, RawAndCompressedChunksReadBackAsWritten) {
     }
     EXPECT_TRUE(data == &random ? saw_codec[0] : saw_codec[1]);
   }
+}
+
+// Pages of [offset, offset + length) of a file that are in the page cache.
+size_t ResidentPages(int fd, uint64_t offset, uint64_t length) {
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t from = offset / page * page;
+  const uint64_t len = offset + length - from;
+  void* map = ::mmap(nullptr, len, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(from));
+  if (map == MAP_FAILED) return 0;
+  std::vector<unsigned char> vec((len + page - 1) / page);
+  size_t n = 0;
+  if (::mincore(map, len, vec.data()) == 0) {
+    for (unsigned char v : vec) n += v & 1;
+  }
+  ::munmap(map, len);
+  return n;
+}
+
+// WillNeed starts reading the records' bytes into the page cache (what a restore's prefetch
+// asks for before its loads), without reading anything itself.
+TEST_F(ChunkReaderTest, WillNeedReadsTheRecordsIntoThePageCache) {
+  Buffer data = RandomBuffer(8 << 20, 7);
+  const ContentId content = Write(data.bytes());
+  auto chunks = Chunks(content);
+  ASSERT_GT(chunks.size(), 2u);
+  const uint32_t pack = chunks.front().second.pack_id;
+  uint64_t begin = UINT64_MAX, end = 0;
+  std::vector<ChunkRow> rows;
+  for (const auto& [ref, row] : chunks) {
+    if (row.pack_id != pack) continue;
+    begin = std::min(begin, row.offset);
+    end = std::max(end, row.offset + row.length);
+    rows.push_back(row);
+  }
+  auto fd = OpenFile(dir_ / "packs" / PackFileName(pack), O_RDONLY);
+  ASSERT_TRUE(fd.ok());
+  ASSERT_EQ(::fdatasync(fd->get()), 0);
+  ASSERT_EQ(::posix_fadvise(fd->get(), 0, 0, POSIX_FADV_DONTNEED), 0);
+  if (ResidentPages(fd->get(), begin, end - begin) > 0) {
+    GTEST_SKIP() << "this filesystem keeps the pack in memory (tmpfs?): nothing to read ahead";
+  }
+  ChunkCache cache(64 << 20);
+  auto reader = NewReader(&cache);
+  reader->WillNeed(rows);
+  const size_t pages = (end - begin + 4095) / 4096;
+  size_t resident = 0;
+  for (int i = 0; i < 200 && resident < pages; ++i) {
+    resident = ResidentPages(fd->get(), begin, end - begin);
+    if (resident < pages) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_GE(resident, pages - 1) << "of " << pages;
+  EXPECT_EQ(reader->reads(), 0u);  // advice, not reads
 }
 
 TEST_F(ChunkReaderTest, ConcurrentLoadsOfAChunkReadItsRecordOnce) {

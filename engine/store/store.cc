@@ -557,7 +557,10 @@ Result<size_t> Store::ReadSlices(ContentId id, uint64_t offset, size_t length,
   if (!content) return Status::NotFound("content " + std::to_string(id) + " does not exist");
   if (offset >= content->size || length == 0) return size_t{0};
   const size_t want = static_cast<size_t>(std::min<uint64_t>(length, content->size - offset));
-  size_t done = 0;
+  // The chunks the range covers, then one read-ahead of the records not cached (a request
+  // that spans several chunks reads them from disk in one go, not one pread after another),
+  // then the loads.
+  std::vector<std::pair<ChunkRef, ChunkRow>> chunks;
   Status err;
   CKPTFS_RETURN_IF_ERROR(txn.ForEachChunkRef(id, offset, [&](const ChunkRef& ref) {
     auto row = txn.GetChunk(ref.id);
@@ -567,24 +570,31 @@ Result<size_t> Store::ReadSlices(ContentId id, uint64_t offset, size_t length,
                      : row.status();
       return false;
     }
-    auto chunk = reader_->Load(ref.id, **row, mode);
-    if (!chunk.ok()) {
-      err = chunk.status();
-      return false;
-    }
-    uint64_t pos = offset + done;
-    if (pos < ref.offset || pos - ref.offset >= (*chunk)->size()) {
-      err = Status::Corruption("content " + std::to_string(id) + " has a gap in its chunk list " +
-                               "at offset " + std::to_string(pos) + "; run `ckptfs verify`");
-      return false;
-    }
-    size_t in_chunk = static_cast<size_t>(pos - ref.offset);
-    size_t n = std::min(want - done, (*chunk)->size() - in_chunk);
-    out->push_back(ChunkSlice{std::move(*chunk), in_chunk, n, ref.id, ref.offset + ref.length});
-    done += n;
-    return done < want;
+    chunks.emplace_back(ref, **row);
+    return ref.offset + ref.length < offset + want;
   }));
   CKPTFS_RETURN_IF_ERROR(err);
+  if (chunks.size() > 1) {
+    std::vector<ChunkRow> cold;
+    for (const auto& [ref, row] : chunks) {
+      if (!cache_.Contains(ref.id)) cold.push_back(row);
+    }
+    if (cold.size() > 1) reader_->WillNeed(std::move(cold));
+  }
+  size_t done = 0;
+  for (const auto& [ref, row] : chunks) {
+    CKPTFS_ASSIGN_OR_RETURN(auto chunk, reader_->Load(ref.id, row, mode));
+    const uint64_t pos = offset + done;
+    if (pos < ref.offset || pos - ref.offset >= chunk->size()) {
+      return Status::Corruption("content " + std::to_string(id) + " has a gap in its chunk " +
+                                "list at offset " + std::to_string(pos) + "; run `ckptfs verify`");
+    }
+    const size_t in_chunk = static_cast<size_t>(pos - ref.offset);
+    const size_t n = std::min(want - done, chunk->size() - in_chunk);
+    out->push_back(ChunkSlice{std::move(chunk), in_chunk, n, ref.id, ref.offset + ref.length});
+    done += n;
+    if (done == want) break;
+  }
   if (done < want) {
     return Status::Corruption("content " + std::to_string(id) + " has fewer chunk bytes than " +
                               "its recorded size");
@@ -611,6 +621,16 @@ void Store::Prefetch(ContentId id, uint64_t offset, uint64_t length, WorkerPool:
     });
   }
   prefetch_loads_.fetch_add(todo.size(), std::memory_order_relaxed);
+  if (todo.empty()) return;
+  {
+    // One large read-ahead of the window's records (mostly adjacent in their packs) rather
+    // than a small synchronous pread per record on the workers: cold restores were bound by
+    // the disk's latency per request (docs/fs.md).
+    std::vector<ChunkRow> rows;
+    rows.reserve(todo.size());
+    for (const auto& [chunk, row, end] : todo) rows.push_back(row);
+    reader_->WillNeed(std::move(rows));
+  }
   for (const auto& [chunk, row, end] : todo) {
     pool_->Submit(
         // Init-captures: clang 14 cannot capture structured bindings directly.
