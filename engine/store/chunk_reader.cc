@@ -205,6 +205,21 @@ Result<Buffer> ChunkReader::DecodeChained(const ChunkId& id, const ChunkRow& row
       CKPTFS_ASSIGN_OR_RETURN(base, LoadChained(base_id, *base_row, &link, mode));
     }
   }
+  return DecodeRecord(id, row, base.get());
+}
+
+Result<Buffer> ChunkReader::DecodeWithBase(const ChunkId& id, const ChunkRow& row,
+                                           const Buffer& base) const {
+  if (!IsDelta(row.transform) || base.size() == 0) {
+    return Status::InvalidArgument("DecodeWithBase: chunk " + id.ShortHex() +
+                                   " is not a delta, or its base is empty");
+  }
+  return DecodeRecord(id, row, &base);
+}
+
+Result<Buffer> ChunkReader::DecodeRecord(const ChunkId& id, const ChunkRow& row,
+                                         const Buffer* base) const {
+  const std::string where = Where(row.pack_id, row.offset);
   CKPTFS_ASSIGN_OR_RETURN(CheckedRecord record, ReadRecord(id, row));
   const RecordHeader& header = record.header;
   if (header.transform() != row.transform ||

@@ -83,6 +83,10 @@ class ChunkReader {
   Result<Buffer> Decode(const ChunkId& id, const ChunkRow& row) const {
     return DecodeChained(id, row, nullptr, CacheMode::kKeep);
   }
+  // A delta chunk decoded against its base's bytes, which the caller already holds (the
+  // re-encoder, which decodes the base anyway): the base is not read again.
+  // REQUIRES: `base` is the decoded chunk row.base.
+  Result<Buffer> DecodeWithBase(const ChunkId& id, const ChunkRow& row, const Buffer& base) const;
   // Reads a record and checks it against `row` (header, lengths, codec, payload checksum).
   Result<CheckedRecord> ReadRecord(const ChunkId& id, const ChunkRow& row) const;
 
@@ -115,6 +119,8 @@ class ChunkReader {
                          CacheMode mode) const;
   Result<Buffer> DecodeChained(const ChunkId& id, const ChunkRow& row, const DecodeChain* chain,
                                CacheMode mode) const;
+  // The record of `row` decoded; `base` is the decoded base of a delta (else null).
+  Result<Buffer> DecodeRecord(const ChunkId& id, const ChunkRow& row, const Buffer* base) const;
   Result<std::shared_ptr<FileDescriptor>> PackFd(uint32_t pack_id) const;
   std::filesystem::path PackPath(uint32_t pack_id) const;
 

@@ -35,6 +35,7 @@
 #include "engine/codec/piece_codec.h"
 #include "engine/store/record.h"
 #include "engine/store/store.h"
+#include "engine/util/thread_role.h"
 
 namespace ckptfs {
 namespace {
@@ -109,6 +110,7 @@ void Store::WaitReencoded() {
 }
 
 void Store::RunReencoder() {
+  SetThreadRole("reencode");  // its CPU is not the FUSE threads' (stats, status)
   // Background work: below the writers and readers the training job waits for (Linux nice
   // values are per thread).
   if (::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10) != 0) {
@@ -191,15 +193,17 @@ Status Store::ReverseDeltas(ContentId id) {
     uint64_t bytes = 0;
     for (; i < candidates.size() && bytes < kBatchRawBytes; ++i) {
       const Candidate& c = candidates[i];
-      Result<Buffer> x_raw = [&]() -> Result<Buffer> {
-        std::shared_lock gc(gc_mu_);
-        return reader_->Decode(c.x, c.x_row);
-      }();
+      // B once; X from its record and B's bytes (decoding X alone would rebuild B again).
       Result<Buffer> b_raw = [&]() -> Result<Buffer> {
         std::shared_lock gc(gc_mu_);
         return reader_->Decode(c.b, c.b_row);
       }();
-      if (!x_raw.ok() || !b_raw.ok()) continue;  // moved or dropped meanwhile: leave it
+      if (!b_raw.ok()) continue;  // moved or dropped meanwhile: leave it
+      Result<Buffer> x_raw = [&]() -> Result<Buffer> {
+        std::shared_lock gc(gc_mu_);
+        return reader_->DecodeWithBase(c.x, c.x_row, *b_raw);
+      }();
+      if (!x_raw.ok()) continue;
       bytes += c.x_row.raw_len;
       EncodedPiece whole = EncodePiece(*options_.codec, x_raw->bytes(), c.x_row.width, nullptr);
       std::optional<Encoded> delta;
