@@ -8,7 +8,10 @@
 #include <cstdio>
 #include <ctime>
 #include <algorithm>
+#include <atomic>
 #include <fstream>
+#include <functional>
+#include <thread>
 #include <set>
 #include <nlohmann/json.hpp>
 
@@ -24,6 +27,8 @@ namespace {
 namespace fs = std::filesystem;
 constexpr int kManifestFormat = 1;
 constexpr const char* kImageDir = "publish-image";
+// Segments moved at the same time (each holds one segment in memory).
+constexpr size_t kTransfers = 4;
 
 std::string ObjectKey(const S3Location& loc, const std::string& sha256) {
   return loc.Key("objects/" + sha256);
@@ -74,14 +79,10 @@ Status SyncDir(const fs::path& dir) {
   return rc == 0 ? Status::OK() : Status::FromErrno(err, "fsync " + dir.string());
 }
 
-// A blob named by its SHA-256, checked against its name.
+// A blob named by its SHA-256, checked against its name (once: the client compares it with the
+// stored checksum too).
 Result<Buffer> GetBlob(S3Client& s3, const S3Location& loc, const std::string& sha256) {
-  CKPTFS_ASSIGN_OR_RETURN(Buffer blob, s3.Get(loc.bucket, ObjectKey(loc, sha256)));
-  if (Sha256Hex(blob.bytes()) != sha256) {
-    return Status::Corruption("object " + ObjectKey(loc, sha256) +
-                              " does not hash to its name");
-  }
-  return blob;
+  return s3.Get(loc.bucket, ObjectKey(loc, sha256), sha256);
 }
 
 Result<std::optional<std::string>> NewestManifestKey(S3Client& s3, const S3Location& loc,
@@ -101,6 +102,29 @@ Result<nlohmann::json> ReadManifest(S3Client& s3, const S3Location& loc, const s
                               " is not one this ckptfs reads");
   }
   return doc;
+}
+
+// Runs fn(0) ... fn(n - 1) on up to kTransfers threads; returns the first error (the other
+// tasks still run to their end).
+Status RunParallel(size_t n, const std::function<Status(size_t)>& fn) {
+  std::atomic<size_t> next{0};
+  Mutex mu;
+  Status first;
+  auto worker = [&] {
+    for (size_t i = next++; i < n; i = next++) {
+      Status st = fn(i);
+      if (!st.ok()) {
+        MutexLock lock(mu);
+        if (first.ok()) first = st;
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (size_t t = 1; t < std::min<size_t>(n, kTransfers); ++t) threads.emplace_back(worker);
+  worker();
+  for (auto& t : threads) t.join();
+  MutexLock lock(mu);
+  return first;
 }
 
 }  // namespace
@@ -149,32 +173,52 @@ Status BucketMirror::Restore(S3Client& s3, const S3Location& loc, const std::str
     CKPTFS_ASSIGN_OR_RETURN(Buffer image,
                             GetBlob(s3, loc, manifest["catalog"]["sha256"].get<std::string>()));
     CKPTFS_RETURN_IF_ERROR(WriteWholeFile(cache_dir / "catalog" / "data.mdb", image.bytes()));
-    uint64_t bytes = 0;
+    // Every segment of every pack, fetched kTransfers at a time into its place.
+    struct Piece {
+      int fd;
+      std::string path;
+      uint64_t offset, length;
+      std::string sha256;
+    };
+    std::vector<Piece> pieces;
+    std::vector<std::pair<int, std::string>> files;
+    Status opened;
     for (const auto& [file, segments] : manifest["packs"].items()) {
       uint32_t pack_id = 0;
       if (!ParsePackFileName(file, &pack_id)) {
-        return Status::Corruption("manifest " + *newest + " names a pack '" + file + "'");
+        opened = Status::Corruption("manifest " + *newest + " names a pack '" + file + "'");
+        break;
       }
       fs::path path = cache_dir / "packs" / file;
       int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-      if (fd < 0) return Status::FromErrno(errno, "create " + path.string());
-      Status st;
-      for (const auto& seg : segments) {
-        Result<Buffer> blob = GetBlob(s3, loc, seg.at(2).get<std::string>());
-        st = blob.status();
-        if (st.ok() && blob->size() != seg.at(1).get<uint64_t>()) {
-          st = Status::Corruption("segment of " + file + " has the wrong length");
-        }
-        if (st.ok()) st = WriteFileAt(fd, blob->bytes(), seg.at(0).get<uint64_t>(), path);
-        if (!st.ok()) break;
-        bytes += blob->size();
+      if (fd < 0) {
+        opened = Status::FromErrno(errno, "create " + path.string());
+        break;
       }
-      if (st.ok() && ::fsync(fd) != 0) st = Status::FromErrno(errno, "fsync " + path.string());
-      ::close(fd);
-      CKPTFS_RETURN_IF_ERROR(st);
+      files.emplace_back(fd, path.string());
+      for (const auto& seg : segments) {
+        pieces.push_back({fd, path.string(), seg.at(0).get<uint64_t>(),
+                          seg.at(1).get<uint64_t>(), seg.at(2).get<std::string>()});
+      }
     }
+    std::atomic<uint64_t> bytes{0};
+    Status st = !opened.ok() ? opened : RunParallel(pieces.size(), [&](size_t i) -> Status {
+      const Piece& p = pieces[i];
+      CKPTFS_ASSIGN_OR_RETURN(Buffer blob, GetBlob(s3, loc, p.sha256));
+      if (blob.size() != p.length) {
+        return Status::Corruption("segment " + p.sha256 + " of " + p.path +
+                                  " has the wrong length");
+      }
+      bytes += blob.size();
+      return WriteFileAt(p.fd, blob.bytes(), p.offset, p.path);
+    });
+    for (const auto& [fd, path] : files) {
+      if (st.ok() && ::fsync(fd) != 0) st = Status::FromErrno(errno, "fsync " + path);
+      ::close(fd);
+    }
+    CKPTFS_RETURN_IF_ERROR(st);
     spdlog::info("restored {} from {} ({} pack bytes, catalog {} bytes)", cache_dir.string(),
-                 *newest, bytes, image.size());
+                 *newest, bytes.load(), image.size());
   }
   CKPTFS_RETURN_IF_ERROR(SyncDir(cache_dir / "packs"));
   CKPTFS_RETURN_IF_ERROR(SyncDir(cache_dir / "catalog"));
@@ -299,17 +343,32 @@ Status BucketMirror::PublishNow() {
 }
 
 Status BucketMirror::UploadPacks(const std::map<std::string, uint64_t>& lengths) {
+  struct Task {
+    std::string file;
+    uint64_t offset, length;
+  };
+  std::vector<Task> tasks;
   for (const auto& [file, length] : lengths) {
-    std::vector<Segment>& segs = packs_[file];
+    const std::vector<Segment>& segs = packs_[file];
     uint64_t have = segs.empty() ? 0 : segs.back().offset + segs.back().length;
     for (uint64_t off = have; off < length; off += segment_bytes_) {
-      CKPTFS_RETURN_IF_ERROR(UploadSegment(file, off, std::min(segment_bytes_, length - off)));
+      tasks.push_back({file, off, std::min(segment_bytes_, length - off)});
     }
   }
+  std::vector<Segment> done(tasks.size());
+  CKPTFS_RETURN_IF_ERROR(RunParallel(tasks.size(), [&](size_t i) -> Status {
+    CKPTFS_ASSIGN_OR_RETURN(done[i], UploadSegment(tasks[i].file, tasks[i].offset,
+                                                   tasks[i].length));
+    return Status::OK();
+  }));
+  // Only once all are up: the segments of a pack stay contiguous from its start.
+  for (size_t i = 0; i < tasks.size(); ++i) packs_[tasks[i].file].push_back(std::move(done[i]));
+  if (!tasks.empty()) uploaded_since_ = true;
   return Status::OK();
 }
 
-Status BucketMirror::UploadSegment(const std::string& file, uint64_t offset, uint64_t length) {
+Result<BucketMirror::Segment> BucketMirror::UploadSegment(const std::string& file,
+                                                          uint64_t offset, uint64_t length) {
   fs::path path = store_->dir() / "packs" / file;
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return Status::FromErrno(errno, "open " + path.string());
@@ -336,8 +395,6 @@ Status BucketMirror::UploadSegment(const std::string& file, uint64_t offset, uin
     if (!there.ok() && !there.status().IsNotFound()) return there.status();
     CKPTFS_RETURN_IF_ERROR(s3_->Put(loc_.bucket, key, buf.bytes()));
   }
-  packs_[file].push_back({offset, length, sha});
-  uploaded_since_ = true;
   MutexLock lock(mu_);
   if (dedup) {
     ++stats_.segments_deduplicated;
@@ -345,7 +402,7 @@ Status BucketMirror::UploadSegment(const std::string& file, uint64_t offset, uin
     ++stats_.segments_uploaded;
     stats_.segment_bytes_uploaded += length;
   }
-  return Status::OK();
+  return Segment{offset, length, sha};
 }
 
 Result<BucketGcReport> BucketMirror::CollectGarbage(S3Client& s3, const S3Location& loc,

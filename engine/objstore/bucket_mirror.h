@@ -5,7 +5,8 @@
 //
 //   PREFIX/ckptfs.json                    the store's parameters (InitBucket)
 //   PREFIX/objects/<sha256>               immutable blobs named by their SHA-256: pack segments
-//                                         (<= segment_bytes of a pack file) and catalog images
+//                                         (<= segment_bytes of a pack file, 16 MiB by default)
+//                                         and catalog images
 //   PREFIX/nodes/<node>/manifests/<seq>   one publication: the catalog image and, per pack
 //                                         file, the segments that make it up
 //
@@ -23,7 +24,7 @@
 // - Objects are never modified; a publication uploads only pack bytes past what earlier ones
 //   uploaded (plus the catalog image, compacted). Concurrent callers share a publication that
 //   starts after they called (group commit).
-// - Memory: one segment (segment_bytes) per upload or download.
+// - Memory: one segment (segment_bytes) per transfer, four transfers at a time.
 // Thread-safe.
 #pragma once
 
@@ -72,7 +73,7 @@ struct BucketGcReport {
 
 class BucketMirror {
  public:
-  static constexpr uint64_t kDefaultSegmentBytes = uint64_t{32} << 20;
+  static constexpr uint64_t kDefaultSegmentBytes = uint64_t{16} << 20;
 
   // Records the parameters of a new store (the ckptfs.json of `local_store`, a store just
   // created) at loc. AlreadyExists when loc holds a store.
@@ -113,8 +114,8 @@ class BucketMirror {
   Status PublishNow() REQUIRES(run_mu_);
   // Uploads pack bytes so that every pack holds at least `lengths` (pack file -> bytes).
   Status UploadPacks(const std::map<std::string, uint64_t>& lengths) REQUIRES(run_mu_);
-  Status UploadSegment(const std::string& file, uint64_t offset, uint64_t length)
-      REQUIRES(run_mu_);
+  // Uploads one segment (unless the bucket holds it); touches no member but the stats.
+  Result<Segment> UploadSegment(const std::string& file, uint64_t offset, uint64_t length);
 
   S3Client* const s3_;
   const S3Location loc_;

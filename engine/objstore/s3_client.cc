@@ -23,6 +23,8 @@ namespace {
 
 constexpr std::string_view kChecksumHeader = "x-amz-meta-ckptfs-sha256";
 constexpr size_t kFileReadBlock = size_t{1} << 20;
+// libcurl's receive and send buffers (defaults 16 KiB and 64 KiB): fewer, larger copies.
+constexpr long kCurlBufferBytes = 512L << 10;
 
 std::string Lower(std::string_view s) {
   std::string out(s);
@@ -344,6 +346,8 @@ Result<S3Client::Response> S3Client::SendOnce(Connection& conn, const Request& r
                    static_cast<long>(config_.connect_timeout.count()));
   curl_easy_setopt(curl, CURLOPT_LOW_SPEED_LIMIT, 1024L);
   curl_easy_setopt(curl, CURLOPT_LOW_SPEED_TIME, static_cast<long>(config_.stall_timeout.count()));
+  curl_easy_setopt(curl, CURLOPT_BUFFERSIZE, kCurlBufferBytes);
+  curl_easy_setopt(curl, CURLOPT_UPLOAD_BUFFERSIZE, kCurlBufferBytes);
   curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, WriteBody);
   curl_easy_setopt(curl, CURLOPT_WRITEDATA, &sink);
   curl_easy_setopt(curl, CURLOPT_HEADERFUNCTION, WriteHeader);
@@ -534,7 +538,8 @@ Status S3Client::UploadMultipart(std::string_view bucket, std::string_view key, 
   return st;
 }
 
-Result<Buffer> S3Client::GetVerified(std::string_view bucket, std::string_view key) {
+Result<Buffer> S3Client::GetVerified(std::string_view bucket, std::string_view key,
+                                     std::string_view expected_sha256) {
   Request req{"GET", std::string(bucket), std::string(key), {}, {}, {}};
   CKPTFS_ASSIGN_OR_RETURN(Response resp, Execute(req));
   if (resp.status / 100 != 2) return HttpError(req.What(), resp.status, resp.Text());
@@ -544,6 +549,12 @@ Result<Buffer> S3Client::GetVerified(std::string_view bucket, std::string_view k
                               " bytes of " + length);
   }
   std::string want = resp.Header(std::string(kChecksumHeader));
+  if (!expected_sha256.empty()) {
+    if (!want.empty() && want != expected_sha256) {
+      return Status::Corruption(req.What() + ": its stored SHA-256 is not the expected one");
+    }
+    want = std::string(expected_sha256);
+  }
   if (!want.empty() && Sha256Hex(resp.body.bytes()) != want) {
     return Status::Corruption(req.What() + ": the downloaded bytes do not match the SHA-256 "
                                            "stored with the object");
@@ -552,10 +563,15 @@ Result<Buffer> S3Client::GetVerified(std::string_view bucket, std::string_view k
 }
 
 Result<Buffer> S3Client::Get(std::string_view bucket, std::string_view key) {
-  Result<Buffer> first = GetVerified(bucket, key);
+  return Get(bucket, key, "");
+}
+
+Result<Buffer> S3Client::Get(std::string_view bucket, std::string_view key,
+                             std::string_view sha256) {
+  Result<Buffer> first = GetVerified(bucket, key, sha256);
   if (first.ok() || !first.status().IsCorruption()) return first;
   spdlog::warn("{}; downloading it again", first.status().message());
-  return GetVerified(bucket, key);
+  return GetVerified(bucket, key, sha256);
 }
 
 Result<Buffer> S3Client::GetRange(std::string_view bucket, std::string_view key,

@@ -78,6 +78,9 @@ class S3Client {
 
   // The whole object, its checksum verified. NotFound when absent.
   Result<Buffer> Get(std::string_view bucket, std::string_view key);
+  // The same for an object whose SHA-256 the caller knows (a content-addressed key): checked
+  // against `sha256` (and against the stored checksum, which must agree with it).
+  Result<Buffer> Get(std::string_view bucket, std::string_view key, std::string_view sha256);
   // Bytes [offset, offset + length) of the object; fewer only where the object ends.
   Result<Buffer> GetRange(std::string_view bucket, std::string_view key, uint64_t offset,
                           uint64_t length);
@@ -119,7 +122,8 @@ class S3Client {
                 const std::string& sha256, PartSource& source);
   Status UploadMultipart(std::string_view bucket, std::string_view key, uint64_t size,
                          const std::string& sha256, PartSource& source);
-  Result<Buffer> GetVerified(std::string_view bucket, std::string_view key);
+  Result<Buffer> GetVerified(std::string_view bucket, std::string_view key,
+                             std::string_view expected_sha256);
 
   const S3Config config_;
   const std::string host_;  // host[:port] of the endpoint, as the Host header carries it

@@ -177,6 +177,14 @@ TEST_F(S3ClientTest, ChecksumMismatchIsCorruption) {
   Result<Buffer> foreign = client_->Get(bucket_, "seeded/foreign");
   ASSERT_TRUE(foreign.ok()) << foreign.status().ToString();
   EXPECT_EQ(Str(*foreign), "written by boto3");
+  // A caller that knows the SHA-256 (a content-addressed key) has it checked instead.
+  std::string sha = Sha256Hex(AsBytes("written by boto3"));
+  EXPECT_TRUE(client_->Get(bucket_, "seeded/foreign", sha).ok());
+  EXPECT_TRUE(client_->Get(bucket_, "seeded/foreign", std::string(64, 'a')).status()
+                  .IsCorruption());
+  ASSERT_TRUE(client_->Put(bucket_, prefix_ + "k", AsBytes("bytes")).ok());
+  EXPECT_TRUE(client_->Get(bucket_, prefix_ + "k", Sha256Hex(AsBytes("bytes"))).ok());
+  EXPECT_TRUE(client_->Get(bucket_, prefix_ + "k", sha).status().IsCorruption());
 }
 
 TEST_F(S3ClientTest, WrongSecretIsAccessDeniedAndNotLogged) {

@@ -145,7 +145,7 @@ class S3StoreTest(unittest.TestCase):
         mounted.write_file(a.path("v2", "shard"), second)
         sync = subprocess.Popen([mounted.CKPTFS, "sync", a.mnt], stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
-        # Kill while the second publication uploads (its segments are 32 MiB), not before.
+        # Kill while the second publication uploads (its segments are 16 MiB), not before.
         manifests = lambda: [k for k in bucket_keys("killed/") if "/manifests/" in k]
         objects = len([k for k in bucket_keys("killed/") if "/objects/" in k])
         mounted.wait_until(lambda: len([k for k in bucket_keys("killed/")
