@@ -9,6 +9,7 @@
 #include <ctime>
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <fstream>
 #include <functional>
 #include <thread>
@@ -202,6 +203,7 @@ Status BucketMirror::Restore(S3Client& s3, const S3Location& loc, const std::str
       }
     }
     std::atomic<uint64_t> bytes{0};
+    auto t0 = std::chrono::steady_clock::now();
     Status st = !opened.ok() ? opened : RunParallel(pieces.size(), [&](size_t i) -> Status {
       const Piece& p = pieces[i];
       CKPTFS_ASSIGN_OR_RETURN(Buffer blob, GetBlob(s3, loc, p.sha256));
@@ -212,11 +214,17 @@ Status BucketMirror::Restore(S3Client& s3, const S3Location& loc, const std::str
       bytes += blob.size();
       return WriteFileAt(p.fd, blob.bytes(), p.offset, p.path);
     });
+    auto t1 = std::chrono::steady_clock::now();
     for (const auto& [fd, path] : files) {
       if (st.ok() && ::fsync(fd) != 0) st = Status::FromErrno(errno, "fsync " + path);
       ::close(fd);
     }
     CKPTFS_RETURN_IF_ERROR(st);
+    auto ms = [](auto d) {
+      return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
+    };
+    spdlog::info("restore: {} segments downloaded in {} ms, synced in {} ms", pieces.size(),
+                 ms(t1 - t0), ms(std::chrono::steady_clock::now() - t1));
     spdlog::info("restored {} from {} ({} pack bytes, catalog {} bytes)", cache_dir.string(),
                  *newest, bytes.load(), image.size());
   }
