@@ -30,6 +30,8 @@ constexpr int kManifestFormat = 1;
 constexpr const char* kImageDir = "publish-image";
 // Segments moved at the same time (each holds one segment in memory).
 constexpr size_t kTransfers = 4;
+// Catalog images a publication takes at most while records it uploads keep being punched.
+constexpr int kMaxImageRounds = 8;
 
 std::string ObjectKey(const S3Location& loc, const std::string& sha256) {
   return loc.Key("objects/" + sha256);
@@ -299,21 +301,39 @@ Status BucketMirror::PublishNow() {
   // Pack bytes first, up to what the live catalog has committed (synced before their commit);
   // then a catalog image, whose own committed lengths may be a little further (contents that
   // committed meanwhile): those bytes too. Then the image, then the manifest.
+  //
+  // The re-encoder punches records out of packs once no row points at them. A record read
+  // before the image was taken is safe: punched by then, it was dead before the image. One
+  // read after it may have been punched in between while the image still names it; punches
+  // are never undone, so a range with no hole after its upload had none during it. If a range
+  // uploaded after the image has a hole, a new image (which no longer names what was punched
+  // before it) is taken and checked the same way.
   CKPTFS_ASSIGN_OR_RETURN(auto live, CommittedLengths(store_->catalog()));
-  CKPTFS_RETURN_IF_ERROR(UploadPacks(live));
+  CKPTFS_RETURN_IF_ERROR(UploadPacks(live, nullptr));
 
   fs::path image_dir = store_->dir() / kImageDir;
   std::error_code ec;
-  fs::remove_all(image_dir, ec);
-  fs::create_directories(image_dir, ec);
-  if (ec) return Status::FromErrno(ec.value(), "create " + image_dir.string());
-  CKPTFS_RETURN_IF_ERROR(store_->catalog().CopyTo(image_dir));
-  std::map<std::string, uint64_t> lengths;
-  {
-    CKPTFS_ASSIGN_OR_RETURN(auto image_catalog, Catalog::Open(image_dir));
-    CKPTFS_ASSIGN_OR_RETURN(lengths, CommittedLengths(*image_catalog));
+  std::map<std::string, uint64_t> lengths;  // pack file -> committed length, in the image
+  for (int round = 1;; ++round) {
+    fs::remove_all(image_dir, ec);
+    fs::create_directories(image_dir, ec);
+    if (ec) return Status::FromErrno(ec.value(), "create " + image_dir.string());
+    CKPTFS_RETURN_IF_ERROR(store_->catalog().CopyTo(image_dir));
+    {
+      CKPTFS_ASSIGN_OR_RETURN(auto image_catalog, Catalog::Open(image_dir));
+      CKPTFS_ASSIGN_OR_RETURN(lengths, CommittedLengths(*image_catalog));
+    }
+    std::vector<Range> after;
+    CKPTFS_RETURN_IF_ERROR(UploadPacks(lengths, &after));
+    CKPTFS_ASSIGN_OR_RETURN(bool punched, AnyHole(after));
+    if (!punched) break;
+    if (round == kMaxImageRounds) {
+      return Status::Busy("publishing " + loc_.ToString() + ": records were punched while " +
+                          "they uploaded, " + std::to_string(round) + " times; try again");
+    }
+    spdlog::info("publishing {}: a record was punched while it uploaded; a new catalog image",
+                 loc_.ToString());
   }
-  CKPTFS_RETURN_IF_ERROR(UploadPacks(lengths));
 
   fs::path image = image_dir / "data.mdb";
   std::ifstream in(image, std::ios::binary);
@@ -350,12 +370,9 @@ Status BucketMirror::PublishNow() {
   return Status::OK();
 }
 
-Status BucketMirror::UploadPacks(const std::map<std::string, uint64_t>& lengths) {
-  struct Task {
-    std::string file;
-    uint64_t offset, length;
-  };
-  std::vector<Task> tasks;
+Status BucketMirror::UploadPacks(const std::map<std::string, uint64_t>& lengths,
+                                 std::vector<Range>* uploaded) {
+  std::vector<Range> tasks;
   for (const auto& [file, length] : lengths) {
     const std::vector<Segment>& segs = packs_[file];
     uint64_t have = segs.empty() ? 0 : segs.back().offset + segs.back().length;
@@ -364,21 +381,54 @@ Status BucketMirror::UploadPacks(const std::map<std::string, uint64_t>& lengths)
     }
   }
   std::vector<Segment> done(tasks.size());
+  std::vector<char> gone(tasks.size(), 0);  // the pack file was deleted (by the store's gc)
   CKPTFS_RETURN_IF_ERROR(RunParallel(tasks.size(), [&](size_t i) -> Status {
-    CKPTFS_ASSIGN_OR_RETURN(done[i], UploadSegment(tasks[i].file, tasks[i].offset,
-                                                   tasks[i].length));
+    CKPTFS_ASSIGN_OR_RETURN(std::optional<Segment> seg,
+                            UploadSegment(tasks[i].file, tasks[i].offset, tasks[i].length));
+    if (seg) {
+      done[i] = std::move(*seg);
+    } else {
+      gone[i] = 1;
+    }
     return Status::OK();
   }));
-  // Only once all are up: the segments of a pack stay contiguous from its start.
-  for (size_t i = 0; i < tasks.size(); ++i) packs_[tasks[i].file].push_back(std::move(done[i]));
+  // Only once all are up: the segments of a pack stay contiguous from its start. A deleted
+  // pack gets none: the store's gc moved its records and committed before deleting it, so a
+  // catalog image taken after the deletion does not name it (an earlier one is retaken).
+  std::set<std::string> deleted;
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    if (gone[i]) deleted.insert(tasks[i].file);
+  }
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    if (deleted.count(tasks[i].file) == 0) packs_[tasks[i].file].push_back(std::move(done[i]));
+  }
   if (!tasks.empty()) uploaded_since_ = true;
+  if (uploaded) *uploaded = std::move(tasks);
   return Status::OK();
 }
 
-Result<BucketMirror::Segment> BucketMirror::UploadSegment(const std::string& file,
-                                                          uint64_t offset, uint64_t length) {
+Result<bool> BucketMirror::AnyHole(const std::vector<Range>& ranges) const {
+  for (const Range& r : ranges) {
+    fs::path path = store_->dir() / "packs" / r.file;
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0 && errno == ENOENT) return true;  // deleted since: retake the image
+    if (fd < 0) return Status::FromErrno(errno, "open " + path.string());
+    off_t hole = ::lseek(fd, static_cast<off_t>(r.offset), SEEK_HOLE);
+    int err = errno;
+    ::close(fd);
+    // ENXIO: the offset is past the end (the file was cut); other errors: no SEEK_HOLE, so no
+    // punching either (gc and the re-encoder need the same support).
+    if (hole < 0 && err == ENXIO) return true;
+    if (hole >= 0 && static_cast<uint64_t>(hole) < r.offset + r.length) return true;
+  }
+  return false;
+}
+
+Result<std::optional<BucketMirror::Segment>> BucketMirror::UploadSegment(
+    const std::string& file, uint64_t offset, uint64_t length) {
   fs::path path = store_->dir() / "packs" / file;
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0 && errno == ENOENT) return std::optional<Segment>();
   if (fd < 0) return Status::FromErrno(errno, "open " + path.string());
   Buffer buf(static_cast<size_t>(length));
   size_t done = 0;
@@ -410,7 +460,7 @@ Result<BucketMirror::Segment> BucketMirror::UploadSegment(const std::string& fil
     ++stats_.segments_uploaded;
     stats_.segment_bytes_uploaded += length;
   }
-  return Segment{offset, length, sha};
+  return std::optional<Segment>(Segment{offset, length, sha});
 }
 
 Result<BucketGcReport> BucketMirror::CollectGarbage(S3Client& s3, const S3Location& loc,

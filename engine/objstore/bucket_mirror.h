@@ -33,6 +33,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -112,10 +113,21 @@ class BucketMirror {
                uint64_t segment_bytes);
   // One publication. REQUIRES: run_mu_ held.
   Status PublishNow() REQUIRES(run_mu_);
-  // Uploads pack bytes so that every pack holds at least `lengths` (pack file -> bytes).
-  Status UploadPacks(const std::map<std::string, uint64_t>& lengths) REQUIRES(run_mu_);
-  // Uploads one segment (unless the bucket holds it); touches no member but the stats.
-  Result<Segment> UploadSegment(const std::string& file, uint64_t offset, uint64_t length);
+  struct Range {
+    std::string file;
+    uint64_t offset = 0, length = 0;
+  };
+  // Uploads pack bytes so that every pack holds at least `lengths` (pack file -> bytes); the
+  // ranges it uploaded (or found deleted) go to *uploaded when given.
+  Status UploadPacks(const std::map<std::string, uint64_t>& lengths,
+                     std::vector<Range>* uploaded) REQUIRES(run_mu_);
+  // True when a hole (a punched block) lies in one of `ranges` of the local packs, or one of
+  // their packs is gone (deleted by the store's gc).
+  Result<bool> AnyHole(const std::vector<Range>& ranges) const;
+  // Uploads one segment (unless the bucket holds it); nullopt when the pack file is gone.
+  // Touches no member but the stats.
+  Result<std::optional<Segment>> UploadSegment(const std::string& file, uint64_t offset,
+                                               uint64_t length);
 
   S3Client* const s3_;
   const S3Location loc_;
