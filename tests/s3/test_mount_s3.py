@@ -188,7 +188,9 @@ class S3StoreTest(unittest.TestCase):
         report = json.loads(mounted.ckptfs("gc", loc, "--json").stdout)
         self.assertEqual((report["objects_deleted"], report["uploads_aborted"]), (0, 0))
         report = json.loads(mounted.ckptfs("gc", loc, "--grace", "0", "--json").stdout)
-        self.assertEqual(report["objects_deleted"], len(orphans))
+        # (More than the orphans when the kill came after the publication: then the oldest
+        # manifest and what only it named go too.)
+        self.assertGreaterEqual(report["objects_deleted"], len(orphans))
         self.assertEqual(report["uploads_aborted"], 1)
         self.assertEqual(CLUSTER.s3.list_multipart_uploads(Bucket="ckpts", Prefix="killed/")
                          .get("Uploads", []), [])
