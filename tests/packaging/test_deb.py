@@ -297,7 +297,7 @@ def test_man_and_completion():
           "man ckptfs shows the page (version, mount options)")
     script = ("source /usr/share/bash-completion/completions/ckptfs; "
               "COMP_WORDS=(ckptfs mo); COMP_CWORD=1; _ckptfs; echo \"${COMPREPLY[*]}\"; "
-              "COMP_WORDS=(ckptfs mount --co); COMP_CWORD=2; _ckptfs; echo \"${COMPREPLY[*]}\"")
+              "COMP_WORDS=(ckptfs mount --cod); COMP_CWORD=2; _ckptfs; echo \"${COMPREPLY[*]}\"")
     out = run(["bash", "-c", script]).stdout.splitlines()
     check(out == ["mount", "--codec"], "bash completion completes subcommands and options")
 
