@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "engine/store/lmdb_check.h"
 #include "engine/util/coding.h"
 
 namespace ckptfs {
@@ -140,15 +141,15 @@ Result<std::unique_ptr<Catalog>> Catalog::Open(const std::filesystem::path& dir,
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return Status::IOError("create " + dir.string() + ": " + ec.message());
+  // LMDB trusts its pages: a damaged one would crash a read or, worse, let a write reuse a
+  // live page. Nothing opens (or writes) a catalog that fails the structural check.
+  if (Status st = CheckLmdbFile(dir / "data.mdb"); !st.ok() && !st.IsNotFound()) return st;
   int rc = mdb_env_create(&c->env_);
   if (rc == 0) rc = mdb_env_set_mapsize(c->env_, kMapSize);
   if (rc == 0) rc = mdb_env_set_maxdbs(c->env_, 32);
   if (rc == 0) rc = mdb_env_set_maxreaders(c->env_, 1024);
   if (rc == 0) rc = mdb_env_open(c->env_, dir.c_str(), MDB_NOTLS, 0600);
   if (rc != 0) return LmdbError(rc, "open " + dir.string());
-  MDB_txn* txn = nullptr;
-  rc = mdb_txn_begin(c->env_, nullptr, 0, &txn);
-  if (rc != 0) return LmdbError(rc, "begin");
   const std::pair<const char*, MDB_dbi*> tables[] = {
       {"chunks", &c->t_.chunks},
       {"packs", &c->t_.packs},
@@ -160,8 +161,42 @@ Result<std::unique_ptr<Catalog>> Catalog::Open(const std::filesystem::path& dir,
       {"dirents", &c->t_.raw[static_cast<int>(Table::kDirents)]},
       {"xattrs", &c->t_.raw[static_cast<int>(Table::kXattrs)]},
       {"content_meta", &c->t_.raw[static_cast<int>(Table::kContentMeta)]}};
+  // The main table holds the tables' names and nothing else. A name that is none of them is
+  // a damaged catalog (a flipped byte in a name), not a table to create beside it: creating
+  // "content_chunks" again would commit an empty table over the real one.
+  MDB_txn* txn = nullptr;
+  rc = mdb_txn_begin(c->env_, nullptr, MDB_RDONLY, &txn);
+  if (rc != 0) return LmdbError(rc, "begin");
+  size_t present = 0;
+  std::optional<std::string> unknown;
+  MDB_dbi main_dbi;
+  rc = mdb_dbi_open(txn, nullptr, 0, &main_dbi);
+  Status names = rc != 0 ? LmdbError(rc, "open the main table")
+                         : Scan(txn, main_dbi, nullptr, [&](const MDB_val& k, const MDB_val&) {
+                             std::string_view name(static_cast<const char*>(k.mv_data), k.mv_size);
+                             for (const auto& table : tables) {
+                               if (name == table.first) {
+                                 ++present;
+                                 return true;
+                               }
+                             }
+                             unknown = name;
+                             return false;
+                           });
+  if (names.ok() && unknown) {
+    names = Status::Corruption("catalog " + dir.string() + " is damaged (a table named \"" +
+                               *unknown + "\", none of ckptfs's); nothing was written: restore "
+                               "the store's catalog directory from a copy");
+  }
+  mdb_txn_abort(txn);
+  CKPTFS_RETURN_IF_ERROR(names);
+  // Every table there: opened read-only (opening the store writes nothing). Otherwise a new
+  // catalog, or one from before a table existed: the missing ones are created.
+  const bool create = present < std::size(tables);
+  rc = mdb_txn_begin(c->env_, nullptr, create ? 0 : MDB_RDONLY, &txn);
+  if (rc != 0) return LmdbError(rc, "begin");
   for (const auto& [name, dbi] : tables) {
-    rc = mdb_dbi_open(txn, name, MDB_CREATE, dbi);
+    rc = mdb_dbi_open(txn, name, create ? MDB_CREATE : 0, dbi);
     if (rc != 0) {
       mdb_txn_abort(txn);
       return LmdbError(rc, std::string("open table ") + name);

@@ -11,7 +11,9 @@ flip at a time (xor 0x10, undone before the next):
   - catalog (LMDB data.mdb): offsets spread evenly over the file. verify may find the flip (exit
     1, or the store refusing to open), or not; either way restore gives the exact bytes or fails.
 Silent corruption (exact bytes not restored yet no error) fails the test, as does a verify or
-restore killed by a signal.
+restore killed by a signal, and so does a store that does not verify clean once a flip is
+undone: nothing may write to a store while it is damaged (a write on a damaged catalog, e.g. a
+table created anew beside one whose name the flip changed, outlives the flip).
 
     CKPTFS_FLIPS_PACK=N (default 24)  CKPTFS_FLIPS_CATALOG=N (default 16)  CKPTFS_FLIPS_SEED=S
 scripts/faults.sh flips N runs N of each.
@@ -77,13 +79,19 @@ class FlipTest(unittest.TestCase):
         p = mounted.ckptfs("verify", "--json", self.store)
         self.assertTrue(json.loads(p.stdout)["ok"])
 
-    def verify(self):
+    def verify(self, where=""):
         p = mounted.ckptfs("verify", "--json", self.store, check=False)
-        self.assertGreaterEqual(p.returncode, 0, "verify killed by a signal: " + p.stderr)
+        self.assertGreaterEqual(p.returncode, 0,
+                                "%s: verify killed by a signal: %s" % (where, p.stderr))
         try:
             return p.returncode, json.loads(p.stdout)
         except ValueError:
             return p.returncode, None  # the store did not open: an error message, exit 1
+
+    def assertClean(self, where):
+        rc, report = self.verify()
+        self.assertEqual(rc, 0, "%s: the store is damaged once the flip is undone: %s"
+                         % (where, report and report["problems"][:3]))
 
     def restore_all(self):
         """version -> True (exact bytes), False (restore failed). Fails on wrong bytes."""
@@ -117,12 +125,13 @@ class FlipTest(unittest.TestCase):
             for at in spread(self.rng, size, n):
                 flip(p, at)
                 try:
-                    rc, report = self.verify()
+                    rc, report = self.verify("%s offset %d" % (os.path.basename(p), at))
                     restored = self.restore_all()
                 finally:
                     flip(p, at)
                 counts["pack_flips"] += 1
                 where = "%s offset %d" % (os.path.basename(p), at)
+                self.assertClean(where)
                 if rc == 0:
                     # Unnoticed: only outside every record, and every version restored exactly.
                     counts["pack_unnoticed"] += 1
@@ -147,13 +156,16 @@ class FlipTest(unittest.TestCase):
         for at in spread(self.rng, os.path.getsize(catalog), CATALOG_FLIPS):
             flip(catalog, at)
             try:
-                rc, _ = self.verify()
+                rc, _ = self.verify("catalog offset %d" % at)
                 self.restore_all()  # fails the test on wrong bytes
             finally:
                 flip(catalog, at)
+            # Nothing may have written to the store while its catalog was corrupt: undone, the
+            # flip leaves the store as clean as before.
+            self.assertClean("catalog offset %d" % at)
             counts["catalog_flips"] += 1
             counts["catalog_detected" if rc != 0 else "catalog_unnoticed"] += 1
-        self.assertEqual(self.verify()[0], 0, "the store is clean once every flip is undone")
+        self.assertClean("every flip")
         print("FLIPS SUMMARY " + json.dumps(counts), file=sys.stderr)
 
 
