@@ -267,6 +267,11 @@ json VersionMetadata(const Store& store, const std::vector<FileInfo>& files,
 Result<json> Log(Store* store, const json& request) {
   const std::string only = request.value("version", "");
   const bool with_files = request.value("files", false) || !only.empty();
+  // Added bytes are measured on the final encoding: the re-encoder turns a version's pieces
+  // whole and its predecessor's into deltas after the commit, which moves stored bytes from
+  // one version to the next (docs/cli.md "log"). Waiting makes the figures one answer, not
+  // however far the re-encoder got.
+  store->WaitReencoded();
   CKPTFS_ASSIGN_OR_RETURN(auto txn, store->catalog().BeginRead());
   CKPTFS_ASSIGN_OR_RETURN(std::vector<Version> versions, ListVersions(txn));
   // A chunk counts as added by the first version (in creation order) whose files use it.
