@@ -478,6 +478,8 @@ Status Catalog::WriteTxn::PutCounter(std::string_view key, uint64_t value) {
   return LmdbPut(txn_, t_.meta, Val(key.data(), key.size()), buf, sizeof(buf));
 }
 
+uint64_t Catalog::ReadTxn::id() const { return mdb_txn_id(txn_); }
+
 Status Catalog::WriteTxn::Commit() {
   int rc = mdb_txn_commit(txn_);
   txn_ = nullptr;

@@ -147,6 +147,11 @@ class Catalog::ReadTxn {
   // The chunk of `content` that covers `offset`, or nullopt past the end.
   Result<std::optional<ChunkRef>> ChunkAt(ContentId content, uint64_t offset) const;
 
+  // LMDB's transaction id: a read transaction sees the catalog as of write transaction id();
+  // a write transaction is id() and, once committed, the next writer's is id() + 1 unless
+  // someone else committed in between (an aborted write leaves no id behind).
+  uint64_t id() const;
+
   // Visitors stop early (and return OK) when fn returns false.
   Status ForEachChunk(const std::function<bool(const ChunkId&, const ChunkRow&)>& fn) const;
   Status ForEachPack(const std::function<bool(uint32_t, const PackRow&)>& fn) const;

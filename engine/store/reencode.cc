@@ -55,9 +55,6 @@ std::string QueuedKey(ContentId id) {
   return key;
 }
 
-// Raw bytes re-encoded per catalog transaction, at most.
-constexpr uint64_t kBatchRawBytes = 64u << 20;
-
 struct Candidate {
   ChunkId x, b;
   ChunkRow x_row, b_row;
@@ -180,6 +177,12 @@ Status Store::ReverseDeltas(ContentId id) {
       candidates.push_back(Candidate{x, row->base, *row, *base, promoted.has_value()});
     }
   }
+  // Who decodes through whom (base -> its deltas) and every chunk's depth, for the depths a
+  // swap changes: one scan of the chunk rows, kept across this content's batches while no
+  // other writer commits (the catalog's transaction ids follow on from ours), else redone.
+  std::unordered_map<ChunkId, std::vector<ChunkId>> children;
+  std::unordered_map<ChunkId, uint8_t> depth;
+  uint64_t maps_valid_for = 0;  // the write transaction id the maps are current for
   for (size_t i = 0; i < candidates.size();) {
     // 2. Encode a batch: X whole, B against X; both durable before the catalog names them.
     // The whole records go first, the deltas after them: the next version's re-encoding
@@ -191,7 +194,7 @@ Status Store::ReverseDeltas(ContentId id) {
     std::vector<Swap> swaps;
     std::vector<std::pair<Encoded, std::optional<Encoded>>> encoded;
     uint64_t bytes = 0;
-    for (; i < candidates.size() && bytes < kBatchRawBytes; ++i) {
+    for (; i < candidates.size() && bytes < options_.reencode_batch_bytes; ++i) {
       const Candidate& c = candidates[i];
       // B once; X from its record and B's bytes (decoding X alone would rebuild B again).
       Result<Buffer> b_raw = [&]() -> Result<Buffer> {
@@ -247,14 +250,18 @@ Status Store::ReverseDeltas(ContentId id) {
       std::unique_lock gc(gc_mu_);
       std::lock_guard lock(mu_);
       CKPTFS_ASSIGN_OR_RETURN(auto txn, catalog_->BeginWrite());
-      // Who decodes through whom: base -> its deltas, for the depths that change.
-      std::unordered_map<ChunkId, std::vector<ChunkId>> children;
-      std::unordered_map<ChunkId, uint8_t> depth;
-      CKPTFS_RETURN_IF_ERROR(txn.ForEachChunk([&](const ChunkId& cid, const ChunkRow& row) {
-        depth[cid] = row.depth;
-        if (IsDelta(row.transform)) children[row.base].push_back(cid);
-        return true;
-      }));
+      const uint64_t txn_id = txn.id();
+      if (txn_id != maps_valid_for) {
+        children.clear();
+        depth.clear();
+        CKPTFS_RETURN_IF_ERROR(txn.ForEachChunk([&](const ChunkId& cid, const ChunkRow& row) {
+          depth[cid] = row.depth;
+          if (IsDelta(row.transform)) children[row.base].push_back(cid);
+          return true;
+        }));
+        ++reencode_scans_;
+      }
+      maps_valid_for = 0;  // until this transaction commits: a failure below leaves them stale
       std::map<uint32_t, uint64_t> pack_ends;
       uint64_t applied = 0, swapped = 0;
       for (const Swap& s : swaps) {
@@ -356,6 +363,8 @@ Status Store::ReverseDeltas(ContentId id) {
             txn.PutPack(pack_id, PackRow{std::max(prow ? prow->committed : 0, end)}));
       }
       CKPTFS_RETURN_IF_ERROR(txn.Commit());
+      maps_valid_for = txn_id + 1;  // the maps hold what this transaction wrote
+      ++reencode_batches_;
       spdlog::debug("reverse deltas, content {}: {} of {} pieces stored whole, {} bases re-encoded",
                     id, applied, swaps.size(), swapped);
       pieces_reencoded_ += applied;

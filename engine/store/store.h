@@ -101,6 +101,8 @@ struct StoreOptions {
   // against them, so that the newest version decodes one record per piece. false: forward
   // deltas only (the newest version decodes up to max_delta_chain records per piece).
   bool reverse_deltas = true;
+  // Raw bytes the re-encoder re-encodes per catalog transaction, at most.
+  uint64_t reencode_batch_bytes = 64u << 20;
   // Test hook (crash tests): runs after the re-encoder's new records are synced, before the
   // catalog transaction that points the rows at them.
   std::function<void()> before_reencode_commit;
@@ -253,6 +255,10 @@ class Store {
   // Pieces the re-encoder stored whole since Open (their bases re-encoded against them or
   // left whole as anchors).
   uint64_t pieces_reencoded() const { return pieces_reencoded_.load(); }
+  // The re-encoder's catalog transactions since Open, and how many of them had to scan every
+  // chunk row (the first of each content's, and any after another writer committed).
+  uint64_t reencode_batches() const { return reencode_batches_.load(); }
+  uint64_t reencode_scans() const { return reencode_scans_.load(); }
 
   Catalog& catalog() { return *catalog_; }
   const std::filesystem::path& dir() const { return dir_; }
@@ -364,6 +370,8 @@ class Store {
   bool reencode_busy_ = false;            // GUARDED_BY(reencode_mu_)
   bool reencode_stopping_ = false;        // GUARDED_BY(reencode_mu_)
   std::atomic<uint64_t> pieces_reencoded_{0};
+  std::atomic<uint64_t> reencode_batches_{0};
+  std::atomic<uint64_t> reencode_scans_{0};
   // Replaced records a writer still held pinned: punched by a later batch (reencode.cc).
   std::vector<std::pair<ChunkId, PackLocation>> punch_later_;  // GUARDED_BY(mu_)
   std::thread reencoder_;  // started by Open when options_.reverse_deltas
