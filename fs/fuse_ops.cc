@@ -72,11 +72,6 @@ void ReplyEntry(fuse_req_t req, const Result<Inode>& n) {
 }
 
 int64_t ToNs(const timespec& t) { return int64_t{t.tv_sec} * 1000000000 + t.tv_nsec; }
-int64_t NowNs() {
-  timespec t;
-  clock_gettime(CLOCK_REALTIME, &t);
-  return ToNs(t);
-}
 
 void OnInit(void*, fuse_conn_info* conn) {
   conn->max_write = 1 << 20;
@@ -117,8 +112,8 @@ void OnSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fu
   if (to_set & FUSE_SET_ATTR_SIZE) r.size = static_cast<uint64_t>(attr->st_size);
   if (to_set & FUSE_SET_ATTR_ATIME) r.atime_ns = ToNs(attr->st_atim);
   if (to_set & FUSE_SET_ATTR_MTIME) r.mtime_ns = ToNs(attr->st_mtim);
-  if (to_set & FUSE_SET_ATTR_ATIME_NOW) r.atime_ns = NowNs();
-  if (to_set & FUSE_SET_ATTR_MTIME_NOW) r.mtime_ns = NowNs();
+  if (to_set & FUSE_SET_ATTR_ATIME_NOW) r.atime_ns = NowUnixNs();
+  if (to_set & FUSE_SET_ATTR_MTIME_NOW) r.mtime_ns = NowUnixNs();
   auto n = Fs(req).SetAttr(ino, r);
   if (!n.ok()) return ReplyError(req, n.status());
   struct stat st = ToStat(*n);

@@ -14,12 +14,6 @@ namespace {
 // The namespace counters of filesystem.cc (the same meta keys).
 constexpr char kNextInoKey[] = "next_ino";
 
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 Status CheckVersionName(std::string_view name) {
   if (name.empty() || name == "." || name == ".." || name.size() > 255 ||
       name.find('/') != std::string_view::npos || name.find('\0') != std::string_view::npos) {
@@ -76,7 +70,7 @@ Status FileSystem::AddExternalVersion(std::string_view name, const std::vector<E
   auto hook = [&](Catalog::WriteTxn& txn, ContentId manifest_id) -> Status {
     CKPTFS_ASSIGN_OR_RETURN(std::optional<Ino> existing, GetDirent(txn, kRootIno, name));
     if (existing) return Status::AlreadyExists("version " + std::string(name) + " exists");
-    const int64_t now = NowNs();
+    const int64_t now = NowUnixNs();
     CKPTFS_ASSIGN_OR_RETURN(Inode root, MustGet(txn, kRootIno));
     CKPTFS_ASSIGN_OR_RETURN(Inode dir, NewInode(txn, kRootIno, 0, S_IFDIR | 0755, owner, now));
     CKPTFS_ASSIGN_OR_RETURN(dir.version_seq, TakeVersionSeq(txn));

@@ -19,12 +19,6 @@ constexpr char kNextInoKey[] = "next_ino";
 // Each ingest thread carries spooled bytes to the writer in pieces of this size.
 constexpr size_t kIngestScratchBytes = 4 << 20;
 
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 Status CheckName(std::string_view name) {
   if (name.empty() || name == "." || name == "..") return Status::InvalidArgument("bad name");
   if (name.size() > 255) return Status::FromErrno(ENAMETOOLONG, std::string(name.substr(0, 32)));
@@ -83,7 +77,7 @@ Status FileSystem::Init() {
     r.uid = ::getuid();
     r.gid = ::getgid();
     r.nlink = 2;
-    r.atime_ns = r.mtime_ns = r.ctime_ns = NowNs();
+    r.atime_ns = r.mtime_ns = r.ctime_ns = NowUnixNs();
     CKPTFS_RETURN_IF_ERROR(PutInode(txn, r));
     CKPTFS_RETURN_IF_ERROR(txn.PutCounter(kNextInoKey, kRootIno));
   }
@@ -191,7 +185,7 @@ Result<Inode> FileSystem::MakeNode(Ino parent, std::string_view name, uint32_t m
   n.uid = caller.uid;
   n.gid = caller.gid;
   n.nlink = S_ISDIR(mode) ? 2 : 1;
-  n.atime_ns = n.mtime_ns = n.ctime_ns = NowNs();
+  n.atime_ns = n.mtime_ns = n.ctime_ns = NowUnixNs();
   n.parent = parent;
   n.symlink = std::string(symlink);
   n.size = symlink.size();
@@ -249,7 +243,7 @@ Status FileSystem::RemoveEntry(Catalog::WriteTxn& txn, Ino parent, std::string_v
                                const Inode& child, std::unique_lock<std::mutex>& open_lock) {
   CKPTFS_RETURN_IF_ERROR(txn.Delete(Table::kDirents, DirentKey(parent, name)));
   CKPTFS_ASSIGN_OR_RETURN(Inode dir, MustGet(txn, parent));
-  dir.mtime_ns = dir.ctime_ns = NowNs();
+  dir.mtime_ns = dir.ctime_ns = NowUnixNs();
   if (child.is_dir()) --dir.nlink;
   CKPTFS_RETURN_IF_ERROR(PutInode(txn, dir));
   // Held until the caller commits: an Open() in between would get a handle on a dropped inode.
@@ -338,7 +332,7 @@ Status FileSystem::Rename(Ino parent, std::string_view name, Ino new_parent,
   CKPTFS_RETURN_IF_ERROR(txn.Delete(Table::kDirents, DirentKey(parent, name)));
   CKPTFS_RETURN_IF_ERROR(
       txn.Put(Table::kDirents, DirentKey(new_parent, new_name), EncodeDirent(src.ino, src.mode)));
-  const int64_t now = NowNs();
+  const int64_t now = NowUnixNs();
   src.parent = new_parent;
   src.version = new_version;
   src.ctime_ns = now;
@@ -756,7 +750,7 @@ Result<Inode> FileSystem::SetAttr(Ino ino, const SetAttrRequest& req) {
     if (req.gid) inode.gid = *req.gid;
     if (req.atime_ns) inode.atime_ns = *req.atime_ns;
     if (req.mtime_ns) inode.mtime_ns = *req.mtime_ns;
-    inode.ctime_ns = NowNs();
+    inode.ctime_ns = NowUnixNs();
     CKPTFS_RETURN_IF_ERROR(PutInode(txn, inode));
     if (req.mtime_ns) {  // before Commit: a concurrent commit of the file binds this mtime
       std::lock_guard lock(open_mu_);

@@ -1,5 +1,7 @@
 #include "engine/namespace/inode.h"
 
+#include <chrono>
+
 #include "engine/util/coding.h"
 
 namespace ckptfs {
@@ -133,6 +135,12 @@ std::string EncodeDirent(Ino child, uint32_t mode) {
 
 DirentValue DecodeDirent(std::string_view v) {
   return DirentValue{GetLE<uint64_t>(v.data()), GetLE<uint32_t>(v.data() + 8)};
+}
+
+int64_t NowUnixNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 }  // namespace ckptfs

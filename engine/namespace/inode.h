@@ -84,6 +84,8 @@ Result<std::optional<Inode>> GetInode(const Catalog::ReadTxn& txn, Ino ino);
 Status PutInode(Catalog::WriteTxn& txn, const Inode& inode);
 // The next version sequence number (one counter for directory and file versions).
 Result<uint64_t> TakeVersionSeq(Catalog::WriteTxn& txn);
+// The wall clock in nanoseconds since the Unix epoch: what inode times hold.
+int64_t NowUnixNs();
 Result<std::optional<Ino>> GetDirent(const Catalog::ReadTxn& txn, Ino parent,
                                      std::string_view name);
 // The entries of directory `dir` in name order (Corruption on a malformed row).

@@ -16,12 +16,6 @@ constexpr size_t kCopyBytes = 4 << 20;
 // Spool pages are punched out in multiples of this once ingested.
 constexpr uint64_t kPunchAlign = 1 << 20;
 
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 }  // namespace
 
 OpenInode::OpenInode(const Inode& inode, Store* store, std::filesystem::path staging_dir,
@@ -46,7 +40,7 @@ OpenInode::~OpenInode() {
 
 void OpenInode::TouchLocked() {
   size_view_ = size_;
-  mtime_view_ = NowNs();
+  mtime_view_ = NowUnixNs();
   dirty_ = true;
   ++changes_;
 }
@@ -299,7 +293,7 @@ Status OpenInode::Commit() {
     // Read inside the transaction: a utime() since the commit began (SetAttr updates the
     // view before its own transaction commits) must not be undone.
     inode->mtime_ns = mtime_view_.load();
-    inode->ctime_ns = NowNs();
+    inode->ctime_ns = NowUnixNs();
     CKPTFS_RETURN_IF_ERROR(PutInode(txn, *inode));
     if (old != 0 && old != id) CKPTFS_RETURN_IF_ERROR(store_->ReleaseInTxn(txn, old));
     return Status::OK();

@@ -12,12 +12,6 @@
 namespace ckptfs {
 namespace {
 
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 // The name of version `ino`, for the log (which names versions as users do), else "inode N".
 std::string VersionName(Catalog& catalog, Ino ino) {
   std::string name = "inode " + std::to_string(ino);
@@ -108,7 +102,7 @@ Status FileSystem::CommitAndMarkSealed(Ino ino,
   CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginWrite());
   CKPTFS_ASSIGN_OR_RETURN(Inode inode, MustGet(txn, ino));
   inode.flags |= Inode::kSealed;
-  inode.ctime_ns = NowNs();
+  inode.ctime_ns = NowUnixNs();
   CKPTFS_RETURN_IF_ERROR(PutInode(txn, inode));
   return txn.Commit();
 }
