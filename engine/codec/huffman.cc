@@ -455,7 +455,9 @@ Status HuffmanDecode(Bytes stored, MutableBytes out_bytes) {
     size_t rounds = SIZE_MAX;
     for (int k = 0; k < kStreams; ++k) {
       const size_t room_out = static_cast<size_t>(out_end[k] - out[k]) / 16;
-      if (data_size < 8 || pos[k] / 8 > data_size - 8) {
+      // (pos[k] / 8 > data_size - 8 let pos[k] be up to 7 bits past (data_size - 8) * 8, and
+      // room_in below then wrapped around: 8-byte loads past the record. ASan found it.)
+      if (data_size < 8 || pos[k] > (data_size - 8) * 8) {
         rounds = 0;
         break;
       }
