@@ -309,10 +309,11 @@ void Snapshot::PersistBlock(std::shared_ptr<Region> region, size_t slot, uint64_
     }
   }
   if (--region->pending == 0) engine_->ring_->Release(region->at);
-  {
-    MutexLock lock(task_mu_);
-    --tasks_pending_;
-  }
+  // Notified under the lock: once the count reaches 0 the driver may finish and the snapshot
+  // be destroyed, condition variable included (a notify after the unlock raced with
+  // ~Snapshot; ThreadSanitizer, scripts/sanitize.sh tsan).
+  MutexLock lock(task_mu_);
+  --tasks_pending_;
   task_cv_.NotifyAll();
 }
 
