@@ -2,6 +2,13 @@
 
 #include <gtest/gtest.h>
 
+// gcc 12 at -O1 with -fsanitize=address (scripts/sanitize.sh) warns that Due() may read the
+// disengaged optional last_ once it is inlined here; `last_ &&` guards that read (a false
+// positive, and the build treats warnings as errors).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
 namespace ckptfs {
 namespace {
 
