@@ -323,7 +323,11 @@ Status Store::RewritePack(uint32_t pack_id, const std::vector<std::pair<ChunkId,
 
 void Store::PunchDeadRanges(uint32_t pack_id, uint64_t committed,
                             std::vector<std::pair<uint64_t, uint64_t>> in_use, GcReport* report) {
-  constexpr uint64_t kMinDeadBytes = 1u << 20;  // not worth the syscalls below this
+  // Not worth the syscalls below this. It was 1 MiB, counted over the pack: a forgotten
+  // version smaller than that (a 1 MiB tensor stored as a delta) stayed in a pack whose live
+  // fraction was above rewrite_below until more garbage joined it, so whether the space came
+  // back depended on how forgets were batched into gc passes (cli_retention, flaky).
+  constexpr uint64_t kMinDeadBytes = 64u << 10;
   constexpr uint64_t kBlock = 4096;
   uint64_t used = kPackHeaderBytes;
   for (const auto& extent : in_use) used += extent.second;
