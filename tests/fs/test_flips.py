@@ -168,6 +168,30 @@ class FlipTest(unittest.TestCase):
         self.assertClean("every flip")
         print("FLIPS SUMMARY " + json.dumps(counts), file=sys.stderr)
 
+    def test_flipped_file_size_is_an_error(self):
+        # Found by the sweep (seed 8): a flip in a file's size in its inode row (5 MiB + 17 ->
+        # 4 MiB + 17) restored the shorter file with exit 0 and verify clean. Every place the
+        # catalog holds that size (inode rows; stale copies in free pages) is flipped in turn.
+        catalog = os.path.join(self.store, "catalog", "data.mdb")
+        with open(catalog, "rb") as f:
+            data = f.read()
+        size = (5 * MiB + 17).to_bytes(8, "little")  # engine/namespace/inode.cc: PutLE
+        at = data.find(size)
+        refused = detected = 0
+        while at >= 0:
+            flip(catalog, at + 2)
+            try:
+                rc, _ = self.verify("catalog offset %d" % (at + 2))
+                restored = self.restore_all()  # fails the test on wrong bytes
+            finally:
+                flip(catalog, at + 2)
+            refused += not all(restored.values())
+            detected += rc != 0
+            self.assertClean("catalog offset %d" % (at + 2))
+            at = data.find(size, at + 1)
+        self.assertGreater(refused, 0, "no flip reached a live inode row")
+        self.assertEqual(detected, refused, "verify and restore disagree")
+
 
 if __name__ == "__main__":
     mounted.main()
