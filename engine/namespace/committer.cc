@@ -12,10 +12,10 @@ Committer::Committer(ReleasedFn on_released)
 
 Committer::~Committer() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   thread_.join();
 }
 
@@ -32,11 +32,11 @@ Status Committer::Enqueue(Request request, bool wait) {
     done = request.done->get_future();
   }
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (request.file) depth_.fetch_add(1, std::memory_order_relaxed);
     queue_.push_back(std::move(request));
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   return wait ? done.get() : Status::OK();
 }
 
@@ -45,8 +45,8 @@ void Committer::Run() {
   for (;;) {
     Request req;
     {
-      std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      MutexLock lock(mu_);
+      while (!stopping_ && queue_.empty()) cv_.Wait(lock);
       if (queue_.empty()) return;
       req = std::move(queue_.front());
       queue_.pop_front();

@@ -17,15 +17,14 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <future>
 #include <memory>
-#include <mutex>
 #include <thread>
 
 #include "engine/namespace/open_inode.h"
+#include "engine/util/mutex.h"
 
 namespace ckptfs {
 
@@ -54,10 +53,10 @@ class Committer {
   void Run();
 
   const ReleasedFn on_released_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Request> queue_;  // GUARDED_BY(mu_)
-  bool stopping_ = false;      // GUARDED_BY(mu_)
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<Request> queue_ GUARDED_BY(mu_);
+  bool stopping_ GUARDED_BY(mu_) = false;
   std::atomic<uint64_t> depth_{0};
   std::thread thread_;
 };

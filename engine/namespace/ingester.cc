@@ -13,22 +13,22 @@ Ingester::Ingester(int threads, size_t scratch_bytes) : scratch_bytes_(scratch_b
 
 Ingester::~Ingester() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
     queue_.clear();
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   for (auto& t : threads_) t.join();
 }
 
 void Ingester::Schedule(std::shared_ptr<IngestTarget> target) {
   if (target->queued_.exchange(true)) return;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (stopping_) return;
     queue_.push_back(std::move(target));
   }
-  cv_.notify_one();
+  cv_.NotifyOne();
 }
 
 void Ingester::Run() {
@@ -36,8 +36,8 @@ void Ingester::Run() {
   for (;;) {
     std::shared_ptr<IngestTarget> target;
     {
-      std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      MutexLock lock(mu_);
+      while (!stopping_ && queue_.empty()) cv_.Wait(lock);
       if (stopping_) return;
       target = std::move(queue_.front());
       queue_.pop_front();

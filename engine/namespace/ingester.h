@@ -16,14 +16,13 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "engine/util/buffer.h"
+#include "engine/util/mutex.h"
 
 namespace ckptfs {
 
@@ -52,10 +51,10 @@ class Ingester {
  private:
   void Run();
   const size_t scratch_bytes_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::shared_ptr<IngestTarget>> queue_;  // GUARDED_BY(mu_)
-  bool stopping_ = false;                            // GUARDED_BY(mu_)
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<std::shared_ptr<IngestTarget>> queue_ GUARDED_BY(mu_);
+  bool stopping_ GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
 };
 

@@ -21,31 +21,31 @@ std::unique_ptr<Retention> Retention::Start(Store* store, FileSystem* fs, Retent
 
 Retention::~Retention() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   thread_.join();
 }
 
 void Retention::Notify() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     pending_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 uint64_t Retention::passes() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return passes_;
 }
 
 void Retention::Run() {
   for (;;) {
     {
-      std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || pending_; });
+      MutexLock lock(mu_);
+      while (!stopping_ && !pending_) cv_.Wait(lock);
       if (stopping_) return;
       pending_ = false;
     }
@@ -53,7 +53,7 @@ void Retention::Run() {
       spdlog::error("retention (keep last {}): {}; the next seal tries again", policy_.keep_last,
                     s.ToString());
     }
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     ++passes_;
   }
 }

@@ -15,16 +15,15 @@
 // tries again); nothing is removed that the rules keep. Thread-safe.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 
 #include "engine/namespace/filesystem.h"
 #include "engine/store/store.h"
+#include "engine/util/mutex.h"
 
 namespace ckptfs {
 
@@ -62,11 +61,11 @@ class Retention {
   FileSystem* const fs_;
   const RetentionPolicy policy_;
   const RemovedFn on_removed_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool pending_ = false;   // GUARDED_BY(mu_)
-  bool stopping_ = false;  // GUARDED_BY(mu_)
-  uint64_t passes_ = 0;    // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  CondVar cv_;
+  bool pending_ GUARDED_BY(mu_) = false;
+  bool stopping_ GUARDED_BY(mu_) = false;
+  uint64_t passes_ GUARDED_BY(mu_) = 0;
   std::thread thread_;
 };
 
