@@ -125,16 +125,16 @@ bool ControlServer::Admits(int fd, uint32_t uid, uint32_t gid) const {
 ControlServer::~ControlServer() {
   std::vector<std::thread> threads;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
     for (const auto& c : conns_) ::shutdown(c->fd.get(), SHUT_RDWR);
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   ::shutdown(listen_fd_.get(), SHUT_RDWR);
   if (acceptor_.joinable()) acceptor_.join();
   if (reaper_.joinable()) reaper_.join();
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     threads.swap(threads_);
   }
   for (auto& t : threads) t.join();
@@ -144,9 +144,9 @@ ControlServer::~ControlServer() {
 void ControlServer::ReapLoop() {
   const auto tick = std::clamp<std::chrono::milliseconds>(
       pending_timeout_ / 4, std::chrono::milliseconds(50), std::chrono::seconds(5));
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   while (!stopping_) {
-    cv_.wait_for(lock, tick);
+    cv_.WaitFor(lock, tick);
     if (stopping_) break;
     const auto now = std::chrono::steady_clock::now();
     std::vector<std::shared_ptr<PendingVersion>> late;
@@ -162,10 +162,10 @@ void ControlServer::ReapLoop() {
                               " s (mount --snapshot-timeout)";
       for (uint32_t id : AbandonLocked(*v, why)) discard.push_back(id);
     }
-    lock.unlock();
-    cv_.notify_all();
+    lock.Unlock();
+    cv_.NotifyAll();
     DiscardPacks(discard);
-    lock.lock();
+    lock.Lock();
   }
 }
 
@@ -191,7 +191,7 @@ void ControlServer::AcceptLoop() {
       continue;  // conn's destructor closes fd
     }
     conn->peer = Caller{cred.uid, cred.gid};
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (stopping_) return;
     conns_.insert(conn);
     threads_.emplace_back([this, conn] { Serve(conn); });
@@ -207,12 +207,12 @@ void ControlServer::Serve(std::shared_ptr<Connection> conn) {
   }
   std::vector<uint32_t> discard;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     discard = LeaveLocked(
         *conn, "rank " + std::to_string(conn->rank) + " disconnected before it committed");
     conns_.erase(conn);
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   DiscardPacks(discard);
 }
 
@@ -254,7 +254,7 @@ std::string ControlServer::Begin(Connection& conn, const std::string& version, i
   std::vector<uint32_t> discard;
   std::string reply;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     // An earlier version this connection did not commit is abandoned.
     discard = LeaveLocked(conn, "rank " + std::to_string(conn.rank) + " began another version");
     auto dead = abandoned_.find(version);
@@ -290,21 +290,21 @@ std::string ControlServer::Begin(Connection& conn, const std::string& version, i
       }
     }
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   DiscardPacks(discard);
   return reply;
 }
 
 std::string ControlServer::ReservePack(Connection& conn) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!conn.pending || conn.committed) {
       return Error(Status::InvalidArgument("reserve_pack needs a begun, uncommitted version"));
     }
   }
   auto pack = store_->CreateExternalPack(conn.peer.uid, conn.peer.gid);
   if (!pack.ok()) return Error(pack.status());
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   conn.reserved.push_back(pack->first);
   return Ok({{"pack_id", pack->first}, {"path", pack->second.string()}});
 }
@@ -312,7 +312,7 @@ std::string ControlServer::ReservePack(Connection& conn) {
 std::string ControlServer::Commit(Connection& conn, const RankCommit& commit) {
   std::shared_ptr<PendingVersion> v;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!conn.pending || conn.committed) {
       return Error(Status::InvalidArgument("commit needs a begun, uncommitted version"));
     }
@@ -324,7 +324,7 @@ std::string ControlServer::Commit(Connection& conn, const RankCommit& commit) {
                                          " names its file " + expected_name));
   }
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (std::find(conn.reserved.begin(), conn.reserved.end(), commit.pack_id) ==
         conn.reserved.end()) {
       return Error(Status::InvalidArgument("pack " + std::to_string(commit.pack_id) +
@@ -350,7 +350,7 @@ std::string ControlServer::Commit(Connection& conn, const RankCommit& commit) {
   std::vector<uint32_t> discard;
   bool last = false;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (v->done)
       return Error(v->result.ok() ? Status::InvalidArgument("already complete") : v->result);
     for (uint32_t id : conn.reserved) {  // packs reserved but not used by the commit
@@ -370,7 +370,7 @@ std::string ControlServer::Commit(Connection& conn, const RankCommit& commit) {
     Status s = Finalize(*v);
     std::vector<uint32_t> packs;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       v->done = true;
       v->result = s;
       pending_.erase(v->name);
@@ -380,15 +380,15 @@ std::string ControlServer::Commit(Connection& conn, const RankCommit& commit) {
         }
       }
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
     DiscardPacks(packs);
     if (s.ok())
       spdlog::info("version {} of {} ranks published", v->name, v->world_size);
     else
       spdlog::error("version {} could not be published: {}", v->name, s.ToString());
   }
-  std::unique_lock lock(mu_);
-  cv_.wait(lock, [&] { return v->done || stopping_; });
+  MutexLock lock(mu_);
+  while (!v->done && !stopping_) cv_.Wait(lock);
   if (!v->done) return Error(Status::Busy("the daemon is shutting down"));
   v->members.erase(&conn);
   conn.pending.reset();
@@ -404,7 +404,7 @@ Status ControlServer::Finalize(PendingVersion& v) {
                    {"world_size", v.world_size},
                    {"ranks", json::array()}};
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (int r = 0; r < v.world_size; ++r) {
       files.push_back(*v.parts[r]);
       manifest["ranks"].push_back(v.shards[r]);

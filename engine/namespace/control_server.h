@@ -28,11 +28,9 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <filesystem>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -43,6 +41,7 @@
 #include "engine/namespace/filesystem.h"
 #include "engine/store/store.h"
 #include "engine/util/file.h"
+#include "engine/util/mutex.h"
 
 namespace ckptfs {
 
@@ -79,8 +78,8 @@ class ControlServer {
   void AcceptLoop();
   // Abandons the versions pending longer than pending_timeout_, until stopping_.
   void ReapLoop();
-  // REQUIRES: mu_ held. Marks v abandoned (its waiting ranks get `why`); returns its packs.
-  std::vector<uint32_t> AbandonLocked(PendingVersion& v, const std::string& why);
+  // Marks v abandoned (its waiting ranks get `why`); returns its packs.
+  std::vector<uint32_t> AbandonLocked(PendingVersion& v, const std::string& why) REQUIRES(mu_);
   void Serve(std::shared_ptr<Connection> conn);
   // Returns the reply; may block (commit waits for completion and sends two replies itself).
   std::string Handle(Connection& conn, const std::string& request);
@@ -88,8 +87,8 @@ class ControlServer {
   std::string ReservePack(Connection& conn);
   std::string Commit(Connection& conn, const RankCommit& commit);
   Status Finalize(PendingVersion& v);
-  // REQUIRES: mu_ held. Abandons conn's uncommitted version; returns the packs to delete.
-  std::vector<uint32_t> LeaveLocked(Connection& conn, const std::string& why);
+  // Abandons conn's uncommitted version; returns the packs to delete.
+  std::vector<uint32_t> LeaveLocked(Connection& conn, const std::string& why) REQUIRES(mu_);
   void DiscardPacks(const std::vector<uint32_t>& packs);
 
   FileSystem* const fs_;
@@ -101,15 +100,15 @@ class ControlServer {
   std::thread acceptor_;
   std::thread reaper_;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stopping_ = false;                                           // GUARDED_BY(mu_)
-  std::map<std::string, std::shared_ptr<PendingVersion>> pending_;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  CondVar cv_;
+  bool stopping_ GUARDED_BY(mu_) = false;
+  std::map<std::string, std::shared_ptr<PendingVersion>> pending_ GUARDED_BY(mu_);
   // Abandoned versions, with the connections still attached to them: a begin of the name is
   // refused until they have all gone, so that late ranks do not wait for dead ones.
-  std::map<std::string, std::set<Connection*>> abandoned_;  // GUARDED_BY(mu_)
-  std::set<std::shared_ptr<Connection>> conns_;             // GUARDED_BY(mu_)
-  std::vector<std::thread> threads_;                        // GUARDED_BY(mu_)
+  std::map<std::string, std::set<Connection*>> abandoned_ GUARDED_BY(mu_);
+  std::set<std::shared_ptr<Connection>> conns_ GUARDED_BY(mu_);
+  std::vector<std::thread> threads_ GUARDED_BY(mu_);
 };
 
 }  // namespace ckptfs
