@@ -18,6 +18,7 @@
 #include <deque>
 
 #include "engine/namespace/filesystem.h"
+#include "engine/util/mutex.h"
 #include "engine/views/precision_view.h"
 #include "engine/views/tensor_view.h"
 
@@ -82,19 +83,19 @@ struct FileSystem::ViewState {
     const WorkerPool::Priority priority;
   };
 
-  std::mutex mu;
-  std::vector<Node> nodes;                            // GUARDED_BY(mu): vino = bit | (index + 1)
-  std::unordered_map<std::string, Ino> node_ids;      // GUARDED_BY(mu)
-  std::map<std::pair<ContentId, int>, Built> built;   // GUARDED_BY(mu): (content, precision)
-  std::deque<std::pair<ContentId, int>> built_order;  // GUARDED_BY(mu)
-  uint64_t built_bytes = 0;                           // GUARDED_BY(mu): sum of Built::memory
-  std::unordered_map<uint64_t, std::shared_ptr<OpenView>> handles;  // GUARDED_BY(mu)
-  uint64_t next_handle = 1;                                         // GUARDED_BY(mu)
+  Mutex mu;
+  std::vector<Node> nodes GUARDED_BY(mu);  // vino = bit | (index + 1)
+  std::unordered_map<std::string, Ino> node_ids GUARDED_BY(mu);
+  std::map<std::pair<ContentId, int>, Built> built GUARDED_BY(mu);  // (content, precision)
+  std::deque<std::pair<ContentId, int>> built_order GUARDED_BY(mu);
+  uint64_t built_bytes GUARDED_BY(mu) = 0;  // sum of Built::memory
+  std::unordered_map<uint64_t, std::shared_ptr<OpenView>> handles GUARDED_BY(mu);
+  uint64_t next_handle GUARDED_BY(mu) = 1;
 
   Ino NodeFor(const Node& n) {
     std::string key = std::to_string(static_cast<int>(n.kind)) + "/" + std::to_string(n.real) +
                       "/" + std::to_string(n.to ? static_cast<int>(*n.to) : -1) + "/" + n.file;
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     auto it = node_ids.find(key);
     if (it != node_ids.end()) return it->second;
     nodes.push_back(n);
@@ -103,7 +104,7 @@ struct FileSystem::ViewState {
     return ino;
   }
   Result<Node> Get(Ino ino) {
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     const uint64_t i = ino & ~kViewInoBit;
     if (i == 0 || i > nodes.size()) return Status::NotFound("view inode " + std::to_string(ino));
     return nodes[i - 1];
@@ -111,7 +112,7 @@ struct FileSystem::ViewState {
   static std::pair<ContentId, int> Key(ContentId content, std::optional<DType> to) {
     return {content, to ? static_cast<int>(*to) : -1};
   }
-  void EvictOldest() {  // REQUIRES: mu held, built_order not empty
+  void EvictOldest() REQUIRES(mu) {  // REQUIRES: built_order not empty
     auto it = built.find(built_order.front());
     if (it != built.end()) {
       built_bytes -= it->second.memory;
@@ -119,7 +120,7 @@ struct FileSystem::ViewState {
     }
     built_order.pop_front();
   }
-  Built& Slot(ContentId content, std::optional<DType> to) {  // REQUIRES: mu held
+  Built& Slot(ContentId content, std::optional<DType> to) REQUIRES(mu) {
     const auto key = Key(content, to);
     auto it = built.find(key);
     if (it != built.end()) return it->second;
@@ -128,8 +129,8 @@ struct FileSystem::ViewState {
     return built[key];
   }
   // Counts `bytes` more for the slot of (content, to), then evicts older slots while the
-  // cache holds more than kMaxCachedViewBytes. REQUIRES: mu held; the slot exists.
-  void Account(ContentId content, std::optional<DType> to, uint64_t bytes) {
+  // cache holds more than kMaxCachedViewBytes. REQUIRES: the slot exists.
+  void Account(ContentId content, std::optional<DType> to, uint64_t bytes) REQUIRES(mu) {
     const auto key = Key(content, to);
     built[key].memory += bytes;
     built_bytes += bytes;
@@ -151,7 +152,7 @@ Result<std::shared_ptr<const TensorView>> FileSystem::TensorViewOf(const Inode& 
                                                                    std::optional<DType> to) {
   if (!file.is_reg() || file.content == 0) return Status::NotFound("no tensors");
   {
-    std::lock_guard lock(views_->mu);
+    MutexLock lock(views_->mu);
     ViewState::Built& b = views_->Slot(file.content, to);
     if (b.tensors_tried) {
       if (!b.tensors) return Status::NotFound("no tensor view");
@@ -161,7 +162,7 @@ Result<std::shared_ptr<const TensorView>> FileSystem::TensorViewOf(const Inode& 
   CKPTFS_ASSIGN_OR_RETURN(std::optional<ContentLayout> layout, store_->GetLayout(file.content));
   auto view = BuildTensorView(ContentSource(file.content), file.size, layout, to);
   if (!view.ok() && !IsNotSupported(view.status())) return view.status();
-  std::lock_guard lock(views_->mu);
+  MutexLock lock(views_->mu);
   ViewState::Built& b = views_->Slot(file.content, to);
   b.tensors_tried = true;
   if (!view.ok()) return Status::NotFound("no tensor view");
@@ -174,14 +175,14 @@ Result<std::shared_ptr<const TensorView>> FileSystem::TensorViewOf(const Inode& 
 Result<std::shared_ptr<PrecisionPlan>> FileSystem::PrecisionPlanOf(const Inode& file, DType to) {
   if (!file.is_reg() || file.content == 0) return std::shared_ptr<PrecisionPlan>();
   {
-    std::lock_guard lock(views_->mu);
+    MutexLock lock(views_->mu);
     ViewState::Built& b = views_->Slot(file.content, to);
     if (b.precision_tried) return b.precision;
   }
   CKPTFS_ASSIGN_OR_RETURN(std::optional<ContentLayout> layout, store_->GetLayout(file.content));
   auto plan = PlanPrecisionView(ContentSource(file.content), file.size, layout, to);
   if (!plan.ok() && !IsNotSupported(plan.status())) return plan.status();
-  std::lock_guard lock(views_->mu);
+  MutexLock lock(views_->mu);
   ViewState::Built& b = views_->Slot(file.content, to);
   b.precision_tried = true;
   if (!plan.ok()) return std::shared_ptr<PrecisionPlan>();
@@ -353,7 +354,7 @@ Result<uint64_t> FileSystem::ViewOpen(Ino ino, int flags) {
   } else {
     return Errno(EISDIR, "open");
   }
-  std::lock_guard lock(views_->mu);
+  MutexLock lock(views_->mu);
   const uint64_t fh = kViewHandleBit | views_->next_handle++;
   views_->handles.emplace(fh, std::move(open));
   return fh;
@@ -362,7 +363,7 @@ Result<uint64_t> FileSystem::ViewOpen(Ino ino, int flags) {
 Result<size_t> FileSystem::ViewRead(uint64_t fh, uint64_t offset, MutableBytes out) {
   std::shared_ptr<ViewState::OpenView> open;
   {
-    std::lock_guard lock(views_->mu);
+    MutexLock lock(views_->mu);
     auto it = views_->handles.find(fh);
     if (it == views_->handles.end()) return Errno(EBADF, "view handle");
     open = it->second;
@@ -380,7 +381,7 @@ Result<size_t> FileSystem::ViewRead(uint64_t fh, uint64_t offset, MutableBytes o
 }
 
 Status FileSystem::ViewRelease(uint64_t fh) {
-  std::lock_guard lock(views_->mu);
+  MutexLock lock(views_->mu);
   return views_->handles.erase(fh) == 1 ? Status::OK() : Errno(EBADF, "view handle");
 }
 
