@@ -34,7 +34,7 @@ OpenInode::OpenInode(const Inode& inode, Store* store, std::filesystem::path sta
 OpenInode::~OpenInode() {
   // Bytes spooled and never ingested (a failed commit, a file dropped with errors) still
   // hold the backlog budget.
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   DropStreamLocked();
 }
 
@@ -46,7 +46,7 @@ void OpenInode::TouchLocked() {
 }
 
 void OpenInode::DropStreamLocked() {
-  std::lock_guard ingest(ingest_mu_);  // waits for an Append in progress
+  MutexLock ingest(ingest_mu_);  // waits for an Append in progress
   if (spool_.valid() && spool_config_) {
     const uint64_t end = spooled_end_.load();
     if (end > ingested_) spool_config_->backlog->Release(static_cast<size_t>(end - ingested_));
@@ -62,11 +62,11 @@ void OpenInode::DropStreamLocked() {
 }
 
 Status OpenInode::Write(uint64_t offset, Bytes data, bool append) {
-  std::lock_guard lock(mu_);  // Seal() commits under this lock: check after taking it
+  MutexLock lock(mu_);  // Seal() commits under this lock: check after taking it
   if (sealed) return Status::ReadOnly("version is sealed");
   CKPTFS_RETURN_IF_ERROR(error_);
   if (ingest_failed_) {
-    std::lock_guard ingest(ingest_mu_);  // the ingest stopped: this does not wait
+    MutexLock ingest(ingest_mu_);  // the ingest stopped: this does not wait
     error_ = ingest_error_;
     return error_;
   }
@@ -89,7 +89,7 @@ Status OpenInode::Write(uint64_t offset, Bytes data, bool append) {
           spdlog::warn("inode {}: no spool ({}); writing through", ino, fd.status().ToString());
         }
       }
-      std::lock_guard ingest(ingest_mu_);
+      MutexLock ingest(ingest_mu_);
       writer_ = std::move(writer);
       spool_ = std::move(spool);
       spool_start_ = size_;
@@ -123,7 +123,7 @@ Status OpenInode::Write(uint64_t offset, Bytes data, bool append) {
 }
 
 bool OpenInode::IngestSome(MutableBytes scratch) {
-  std::lock_guard lock(ingest_mu_);
+  MutexLock lock(ingest_mu_);
   const uint64_t end = spooled_end_.load();
   if (!writer_ || !spool_.valid() || !ingest_error_.ok() || ingested_ >= end) return false;
   const size_t n = static_cast<size_t>(std::min<uint64_t>(scratch.size(), end - ingested_));
@@ -133,7 +133,7 @@ bool OpenInode::IngestSome(MutableBytes scratch) {
     spdlog::error("inode {}: ingesting spooled bytes failed: {}", ino, s.ToString());
     ingest_error_ = s;
     ingest_failed_ = true;
-    ingested_cv_.notify_all();
+    ingested_cv_.NotifyAll();
     return false;
   }
   ingested_ += n;
@@ -151,14 +151,14 @@ bool OpenInode::IngestSome(MutableBytes scratch) {
       punch_holes_ = false;
     }
   }
-  ingested_cv_.notify_all();
+  ingested_cv_.NotifyAll();
   return ingested_ < spooled_end_.load();
 }
 
 Status OpenInode::WaitIngestedLocked() {
-  std::unique_lock ingest(ingest_mu_);
+  MutexLock ingest(ingest_mu_);
   if (!spool_.valid()) return Status::OK();
-  ingested_cv_.wait(ingest, [&] { return ingested_ >= spooled_end_.load() || ingest_failed_; });
+  while (ingested_ < spooled_end_.load() && !ingest_failed_) ingested_cv_.Wait(ingest);
   return ingest_error_;
 }
 
@@ -166,7 +166,7 @@ Result<size_t> OpenInode::ReadStreamedLocked(uint64_t offset, MutableBytes out) 
   if (!spool_.valid()) return writer_->ReadBack(offset, out);
   // Ingested bytes are the writer's (their spool pages may be punched out already), the rest
   // is in the spool. Waits for an Append in progress.
-  std::lock_guard ingest(ingest_mu_);
+  MutexLock ingest(ingest_mu_);
   CKPTFS_RETURN_IF_ERROR(ingest_error_);
   size_t done = 0;
   if (offset < ingested_) {
@@ -185,7 +185,7 @@ Result<size_t> OpenInode::ReadStreamedLocked(uint64_t offset, MutableBytes out) 
 
 Result<std::optional<size_t>> OpenInode::ReadPending(uint64_t offset, MutableBytes& out,
                                                      ContentId* committed) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   CKPTFS_RETURN_IF_ERROR(error_);
   if (offset >= size_) return std::optional<size_t>(0);
   out = out.first(static_cast<size_t>(std::min<uint64_t>(out.size(), size_ - offset)));
@@ -203,7 +203,7 @@ Result<std::optional<size_t>> OpenInode::ReadPending(uint64_t offset, MutableByt
 }
 
 Status OpenInode::Truncate(uint64_t size) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   CKPTFS_RETURN_IF_ERROR(error_);
   if (size == size_) return Status::OK();  // the file keeps its bytes (and stays clean if it was)
   if (size == 0) {
@@ -222,7 +222,7 @@ Status OpenInode::Truncate(uint64_t size) {
 }
 
 void OpenInode::TruncateForOpen() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   DropStreamLocked();
   staging_ = FileDescriptor();
   error_ = Status::OK();
@@ -232,9 +232,9 @@ void OpenInode::TruncateForOpen() {
 }
 
 Status OpenInode::error() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (error_.ok() && ingest_failed_) {
-    std::lock_guard ingest(ingest_mu_);
+    MutexLock ingest(ingest_mu_);
     return ingest_error_;
   }
   return error_;
@@ -269,7 +269,7 @@ Status OpenInode::ToStagingLocked() {
 }
 
 Status OpenInode::Commit() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   committed_changes_ = changes_.load();
   // Writes wait for mu_: whatever this commit does, the bytes written so far are durable or
   // lost when it returns, except after a failed commit from staging (tried again later).
@@ -302,7 +302,7 @@ Status OpenInode::Commit() {
   if (writer_) {
     Status ingested = WaitIngestedLocked();
     if (ingested.ok()) {
-      std::lock_guard ingest(ingest_mu_);
+      MutexLock ingest(ingest_mu_);
       id = writer_->Finish(bind);
     } else {
       id = ingested;

@@ -35,7 +35,6 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -48,6 +47,7 @@
 #include "engine/store/content_writer.h"
 #include "engine/store/store.h"
 #include "engine/util/file.h"
+#include "engine/util/mutex.h"
 #include "engine/util/worker_pool.h"
 
 namespace ckptfs {
@@ -106,8 +106,10 @@ class OpenInode : public IngestTarget, public std::enable_shared_from_this<OpenI
 
   const Ino ino;
   // ---- FileSystem's bookkeeping (filesystem.cc) -------------------------------------------
-  Ino version;                      // GUARDED_BY(FileSystem::open_mu_)
-  int handles = 0;                  // GUARDED_BY(FileSystem::open_mu_)
+  // Under FileSystem::open_mu_ (another object's private mutex: clang's analysis cannot name
+  // it here, so these two stay unchecked).
+  Ino version;
+  int handles = 0;
   std::atomic<bool> sealed{false};  // set by Seal(): writes fail with ReadOnly from then on
   // The same file of the previous version (its delta reference), looked up once by
   // FileSystem::ReferenceFile(); the first Write lets it commit first if it is still queued.
@@ -116,27 +118,26 @@ class OpenInode : public IngestTarget, public std::enable_shared_from_this<OpenI
   std::atomic<bool> reference_settled{false};
 
  private:
-  Status ToStagingLocked();  // REQUIRES: mu_ held
-  void TouchLocked();        // REQUIRES: mu_ held; size_ set: publishes size and mtime
-  // Reads [offset, offset + out.size()) of the file as written so far; REQUIRES: mu_ held,
-  // not staged, offset + out.size() <= size_.
-  Result<size_t> ReadStreamedLocked(uint64_t offset, MutableBytes out);
+  Status ToStagingLocked() REQUIRES(mu_);
+  void TouchLocked() REQUIRES(mu_);  // size_ set: publishes size and mtime
+  // Reads [offset, offset + out.size()) of the file as written so far; REQUIRES: not staged,
+  // offset + out.size() <= size_.
+  Result<size_t> ReadStreamedLocked(uint64_t offset, MutableBytes out) REQUIRES(mu_);
   // Waits until every spooled byte was appended to the writer; returns the ingest's error.
-  // REQUIRES: mu_ held.
-  Status WaitIngestedLocked();
-  // Drops the writer (its chunks are abandoned) and the spool. REQUIRES: mu_ held.
-  void DropStreamLocked();
+  Status WaitIngestedLocked() REQUIRES(mu_);
+  // Drops the writer (its chunks are abandoned) and the spool.
+  void DropStreamLocked() REQUIRES(mu_);
 
   Store* const store_;
   const std::filesystem::path staging_dir_;
   const WriterFactory new_writer_;
 
-  std::mutex mu_;
-  ContentId base_;          // GUARDED_BY(mu_): committed content the bytes start from
-  uint64_t size_;           // GUARDED_BY(mu_)
-  bool dirty_ = false;      // GUARDED_BY(mu_): differs from the committed inode
-  FileDescriptor staging_;  // GUARDED_BY(mu_): staging mode
-  Status error_;            // GUARDED_BY(mu_): a write or commit failed; bytes are lost
+  Mutex mu_;
+  ContentId base_ GUARDED_BY(mu_);          // committed content the bytes start from
+  uint64_t size_ GUARDED_BY(mu_);
+  bool dirty_ GUARDED_BY(mu_) = false;      // differs from the committed inode
+  FileDescriptor staging_ GUARDED_BY(mu_);  // staging mode
+  Status error_ GUARDED_BY(mu_);            // a write or commit failed; bytes are lost
   std::atomic<uint64_t> changes_{0};            // written under mu_ (TouchLocked)
   std::atomic<uint64_t> committed_changes_{0};  // written under mu_ (Commit)
   std::atomic<uint64_t> pending_bytes_{0};      // written under mu_ (Write, Commit)
@@ -147,16 +148,16 @@ class OpenInode : public IngestTarget, public std::enable_shared_from_this<OpenI
   // ingest_mu_ held, so either lock suffices to read them; the Ingester takes only ingest_mu_
   // (an Append may block on the store's in-flight budget, and writes must not wait for that).
   const std::optional<Spool> spool_config_;
-  std::mutex ingest_mu_;
-  std::condition_variable ingested_cv_;
+  Mutex ingest_mu_;
+  CondVar ingested_cv_;
   std::unique_ptr<ContentWriter> writer_;
   FileDescriptor spool_;  // the spooled bytes: file bytes [spool_start_, spooled_end_)
   uint64_t spool_start_ = 0;
   std::atomic<uint64_t> spooled_end_{0};  // advanced by Write under mu_
-  uint64_t ingested_ = 0;                 // GUARDED_BY(ingest_mu_): appended up to here
-  uint64_t punched_ = 0;     // GUARDED_BY(ingest_mu_): spool offset; pages before it are freed
-  bool punch_holes_ = true;  // GUARDED_BY(ingest_mu_): false where fallocate cannot
-  Status ingest_error_;      // GUARDED_BY(ingest_mu_)
+  uint64_t ingested_ GUARDED_BY(ingest_mu_) = 0;  // appended up to here
+  uint64_t punched_ GUARDED_BY(ingest_mu_) = 0;   // spool offset; pages before it are freed
+  bool punch_holes_ GUARDED_BY(ingest_mu_) = true;  // false where fallocate cannot
+  Status ingest_error_ GUARDED_BY(ingest_mu_);
   std::atomic<bool> ingest_failed_{false};
 };
 
