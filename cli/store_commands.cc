@@ -150,11 +150,7 @@ int Init(const std::string& dir, const std::string& codec, bool json) {
 
 int InitS3(const std::string& location, const std::string& endpoint, const std::string& codec,
            bool json) {
-  auto loc = objstore::ParseS3Location(location);
-  if (!loc.ok()) return Fail(loc.status());
-  auto cfg = objstore::ResolveS3Config(endpoint, objstore::SystemEnvironment());
-  if (!cfg.ok()) return Fail(cfg.status());
-  auto s3 = objstore::S3Client::Open(*cfg);
+  auto s3 = objstore::OpenS3Store(location, endpoint);
   if (!s3.ok()) return Fail(s3.status());
   // The parameters come from a store made for the purpose (as `ckptfs init DIR` makes one).
   char tmpl[] = "/tmp/ckptfs-init-XXXXXX";
@@ -174,18 +170,18 @@ int InitS3(const std::string& location, const std::string& endpoint, const std::
     st = store.status();
     if (st.ok()) {
       recorded = (*store)->options().codec->ToString();
-      st = objstore::BucketMirror::InitBucket(**s3, *loc, (*store)->dir());
+      st = objstore::BucketMirror::InitBucket(*s3->client, s3->location, (*store)->dir());
     }
   }
   std::error_code ec;
   std::filesystem::remove_all(tmpl, ec);
   if (!st.ok()) return Fail(st);
   if (json) {
-    PrintJson({{"store", loc->ToString()}, {"endpoint", (*cfg).endpoint},
+    PrintJson({{"store", s3->location.ToString()}, {"endpoint", s3->endpoint},
                {"format", kStoreFormatVersion}, {"codec", recorded}});
   } else {
     std::printf("created a ckptfs store at %s on %s (format %u, codec %s)\n",
-                loc->ToString().c_str(), cfg->endpoint.c_str(), kStoreFormatVersion,
+                s3->location.ToString().c_str(), s3->endpoint.c_str(), kStoreFormatVersion,
                 recorded.c_str());
   }
   return kExitOk;
@@ -193,24 +189,20 @@ int InitS3(const std::string& location, const std::string& endpoint, const std::
 
 int GcS3(const std::string& location, const std::string& endpoint, double grace_seconds,
          bool json) {
-  auto loc = objstore::ParseS3Location(location);
-  if (!loc.ok()) return Fail(loc.status());
-  auto cfg = objstore::ResolveS3Config(endpoint, objstore::SystemEnvironment());
-  if (!cfg.ok()) return Fail(cfg.status());
-  auto s3 = objstore::S3Client::Open(*cfg);
+  auto s3 = objstore::OpenS3Store(location, endpoint);
   if (!s3.ok()) return Fail(s3.status());
   objstore::BucketGcOptions options;
   options.grace = std::chrono::seconds(static_cast<int64_t>(grace_seconds));
-  auto r = objstore::BucketMirror::CollectGarbage(**s3, *loc, options);
+  auto r = objstore::BucketMirror::CollectGarbage(*s3->client, s3->location, options);
   if (!r.ok()) return Fail(r.status());
   if (json) {
-    PrintJson({{"store", loc->ToString()}, {"manifests_deleted", r->manifests_deleted},
+    PrintJson({{"store", s3->location.ToString()}, {"manifests_deleted", r->manifests_deleted},
                {"objects_deleted", r->objects_deleted}, {"bytes_deleted", r->bytes_deleted},
                {"objects_kept", r->objects_kept}, {"uploads_aborted", r->uploads_aborted}});
   } else {
     std::printf("gc of %s: %" PRIu64 " manifests and %" PRIu64 " objects (%" PRIu64
                 " bytes) deleted, %" PRIu64 " objects kept, %" PRIu64 " uploads aborted\n",
-                loc->ToString().c_str(), r->manifests_deleted, r->objects_deleted,
+                s3->location.ToString().c_str(), r->manifests_deleted, r->objects_deleted,
                 r->bytes_deleted, r->objects_kept, r->uploads_aborted);
   }
   return kExitOk;

@@ -103,19 +103,16 @@ void RaiseReadahead(const std::string& mountpoint) {
 // holds no store; *node becomes the host name when empty.
 Result<std::pair<std::unique_ptr<objstore::S3Client>, objstore::S3Location>> OpenS3(
     const MountArgs& args, std::string* node) {
-  CKPTFS_ASSIGN_OR_RETURN(objstore::S3Location loc, objstore::ParseS3Location(args.s3_location));
-  CKPTFS_ASSIGN_OR_RETURN(objstore::S3Config cfg, objstore::ResolveS3Config(
-                                                      args.s3_endpoint,
-                                                      objstore::SystemEnvironment()));
-  CKPTFS_ASSIGN_OR_RETURN(std::unique_ptr<objstore::S3Client> client,
-                          objstore::S3Client::Open(cfg));
+  CKPTFS_ASSIGN_OR_RETURN(objstore::S3Store s3,
+                          objstore::OpenS3Store(args.s3_location, args.s3_endpoint));
   if (node->empty()) {
     char host[256] = {};
     if (::gethostname(host, sizeof(host) - 1) != 0) return Status::FromErrno(errno, "gethostname");
     *node = host;
   }
-  CKPTFS_RETURN_IF_ERROR(objstore::BucketMirror::Restore(*client, loc, *node, args.store));
-  return std::make_pair(std::move(client), std::move(loc));
+  CKPTFS_RETURN_IF_ERROR(
+      objstore::BucketMirror::Restore(*s3.client, s3.location, *node, args.store));
+  return std::make_pair(std::move(s3.client), std::move(s3.location));
 }
 
 int Serve(const MountArgs& args, ReadyPipe ready) {

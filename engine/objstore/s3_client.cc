@@ -683,4 +683,13 @@ Status S3Client::AbortUpload(std::string_view bucket, std::string_view key,
   return HttpError(req.What() + " (abort upload)", resp.status, resp.Text());
 }
 
+Result<S3Store> OpenS3Store(std::string_view uri, std::string_view endpoint) {
+  S3Store store;
+  CKPTFS_ASSIGN_OR_RETURN(store.location, ParseS3Location(uri));
+  CKPTFS_ASSIGN_OR_RETURN(S3Config cfg, ResolveS3Config(endpoint, SystemEnvironment()));
+  store.endpoint = cfg.endpoint;
+  CKPTFS_ASSIGN_OR_RETURN(store.client, S3Client::Open(std::move(cfg)));
+  return store;
+}
+
 }  // namespace ckptfs::objstore

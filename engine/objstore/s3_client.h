@@ -132,4 +132,14 @@ class S3Client {
   std::atomic<uint64_t> requests_{0}, retries_{0}, bytes_sent_{0}, bytes_received_{0};
 };
 
+// An s3://BUCKET/PREFIX store's location and a client for it: the URI parsed, the endpoint
+// (`endpoint`, else AWS_ENDPOINT_URL) and credentials resolved from the process environment.
+// What `ckptfs init`, `gc` and `mount` of an s3:// store start with.
+struct S3Store {
+  S3Location location;
+  std::string endpoint;
+  std::unique_ptr<S3Client> client;
+};
+Result<S3Store> OpenS3Store(std::string_view uri, std::string_view endpoint);
+
 }  // namespace ckptfs::objstore

@@ -132,17 +132,30 @@ std::string CanonicalRequest(const SigningRequest& req) {
   return out;
 }
 
+namespace {
+
+// "<date>/<region>/<service>/aws4_request": the credential scope of the string to sign and of
+// the Authorization header.
+std::string CredentialScope(std::string_view amz_date, std::string_view region,
+                            std::string_view service) {
+  std::string out(amz_date.substr(0, 8));
+  out += "/";
+  out += region;
+  out += "/";
+  out += service;
+  out += "/aws4_request";
+  return out;
+}
+
+}  // namespace
+
 std::string StringToSign(std::string_view amz_date, std::string_view region,
                          std::string_view service, std::string_view canonical_request) {
   std::string out = "AWS4-HMAC-SHA256\n";
   out += amz_date;
   out += "\n";
-  out += amz_date.substr(0, 8);
-  out += "/";
-  out += region;
-  out += "/";
-  out += service;
-  out += "/aws4_request\n";
+  out += CredentialScope(amz_date, region, service);
+  out += "\n";
   out += Sha256Hex(AsBytes(canonical_request));
   return out;
 }
@@ -168,12 +181,8 @@ std::string Authorization(std::string_view access_key, std::string_view secret_k
   std::string out = "AWS4-HMAC-SHA256 Credential=";
   out += access_key;
   out += "/";
-  out += amz_date.substr(0, 8);
-  out += "/";
-  out += region;
-  out += "/";
-  out += service;
-  out += "/aws4_request,SignedHeaders=" + SignedHeaders(req) +
+  out += CredentialScope(amz_date, region, service);
+  out += ",SignedHeaders=" + SignedHeaders(req) +
          ",Signature=" + Signature(secret_key, amz_date, region, service, req);
   return out;
 }
