@@ -33,6 +33,7 @@
 #include "engine/namespace/metrics_endpoint.h"
 #include "engine/namespace/retention.h"
 #include "engine/objstore/bucket_mirror.h"
+#include "engine/objstore/remote_packs.h"
 #include "engine/objstore/s3_client.h"
 #include "engine/store/store.h"
 #include "engine/util/thread_role.h"
@@ -157,6 +158,7 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
   // An S3 store: this node's cache is filled from the bucket first if it holds no store.
   std::unique_ptr<objstore::S3Client> s3;
   std::optional<objstore::S3Location> s3_location;
+  std::shared_ptr<objstore::RemotePacks> remote_packs;  // null: every record is local
   std::string node = args.node;
   if (!args.s3_location.empty()) {
     auto opened = OpenS3(args, &node);
@@ -165,6 +167,14 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
       return 1;
     }
     std::tie(s3, s3_location) = std::move(*opened);
+    // Packs restored on demand are read from the bucket as their records are needed.
+    auto remote = objstore::RemotePacks::Open(s3.get(), *s3_location, args.store);
+    if (!remote.ok()) {
+      ready.Report(remote.status().ToString());
+      return 1;
+    }
+    remote_packs = *remote;
+    options.remote_records = std::move(*remote);
   }
   std::error_code exists_ec;
   if (std::filesystem::exists(args.store + "/ckptfs.json", exists_ec) && !start_log()) return 1;
@@ -354,6 +364,10 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
   control->reset();  // abandons versions not yet complete
   fs->reset();       // commits everything close() accepted
   store->reset();
+  if (remote_packs) {
+    spdlog::info("read on demand from {}: {} ranged GETs, {} bytes", args.s3_location,
+                 remote_packs->gets(), remote_packs->fetched_bytes());
+  }
   spdlog::info("store {} closed", args.store);
   return rc == 0 || stopped_by_signal ? 0 : 1;
 }

@@ -16,11 +16,13 @@
 #include <set>
 #include <nlohmann/json.hpp>
 
+#include "engine/objstore/remote_packs.h"
 #include "engine/objstore/sigv4.h"
 #include "engine/store/catalog.h"
 #include "engine/store/record.h"
 #include "engine/store/store.h"
 #include "engine/util/buffer.h"
+#include "engine/util/file.h"
 
 namespace ckptfs::objstore {
 namespace {
@@ -71,15 +73,6 @@ Status WriteWholeFile(const fs::path& path, Bytes data) {
   if (st.ok() && ::fsync(fd) != 0) st = Status::FromErrno(errno, "fsync " + path.string());
   ::close(fd);
   return st;
-}
-
-Status SyncDir(const fs::path& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return Status::FromErrno(errno, "open " + dir.string());
-  int rc = ::fsync(fd);
-  int err = errno;
-  ::close(fd);
-  return rc == 0 ? Status::OK() : Status::FromErrno(err, "fsync " + dir.string());
 }
 
 // A blob named by its SHA-256, checked against its name (once: the client compares it with the
@@ -166,6 +159,7 @@ Status BucketMirror::Restore(S3Client& s3, const S3Location& loc, const std::str
   // A cache without ckptfs.json holds at most a restore that did not finish: start over.
   fs::remove_all(cache_dir / "catalog", ec);
   fs::remove_all(cache_dir / "packs", ec);
+  fs::remove(cache_dir / RemotePacks::kFileName, ec);
   fs::create_directories(cache_dir / "catalog", ec);
   fs::create_directories(cache_dir / "packs", ec);
   if (ec) return Status::FromErrno(ec.value(), "create " + cache_dir.string());
@@ -176,59 +170,35 @@ Status BucketMirror::Restore(S3Client& s3, const S3Location& loc, const std::str
     CKPTFS_ASSIGN_OR_RETURN(Buffer image,
                             GetBlob(s3, loc, manifest["catalog"]["sha256"].get<std::string>()));
     CKPTFS_RETURN_IF_ERROR(WriteWholeFile(cache_dir / "catalog" / "data.mdb", image.bytes()));
-    // Every segment of every pack, fetched kTransfers at a time into its place.
-    struct Piece {
-      int fd;
-      std::string path;
-      uint64_t offset, length;
-      std::string sha256;
-    };
-    std::vector<Piece> pieces;
-    std::vector<std::pair<int, std::string>> files;
-    Status opened;
+    // Reads on demand: each pack becomes a sparse file of its published length (what the
+    // store's recovery and pack writer expect), its records read from the bucket's segments
+    // when they are needed (remote_packs.h); remote-packs.json says which.
+    std::map<std::string, std::vector<PackSegment>> packs;
+    uint64_t bytes = 0;
     for (const auto& [file, segments] : manifest["packs"].items()) {
       uint32_t pack_id = 0;
       if (!ParsePackFileName(file, &pack_id)) {
-        opened = Status::Corruption("manifest " + *newest + " names a pack '" + file + "'");
-        break;
+        return Status::Corruption("manifest " + *newest + " names a pack '" + file + "'");
       }
-      fs::path path = cache_dir / "packs" / file;
-      int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-      if (fd < 0) {
-        opened = Status::FromErrno(errno, "create " + path.string());
-        break;
-      }
-      files.emplace_back(fd, path.string());
+      std::vector<PackSegment>& segs = packs[file];
       for (const auto& seg : segments) {
-        pieces.push_back({fd, path.string(), seg.at(0).get<uint64_t>(),
-                          seg.at(1).get<uint64_t>(), seg.at(2).get<std::string>()});
+        segs.push_back({seg.at(0).get<uint64_t>(), seg.at(1).get<uint64_t>(),
+                        seg.at(2).get<std::string>()});
       }
-    }
-    std::atomic<uint64_t> bytes{0};
-    auto t0 = std::chrono::steady_clock::now();
-    Status st = !opened.ok() ? opened : RunParallel(pieces.size(), [&](size_t i) -> Status {
-      const Piece& p = pieces[i];
-      CKPTFS_ASSIGN_OR_RETURN(Buffer blob, GetBlob(s3, loc, p.sha256));
-      if (blob.size() != p.length) {
-        return Status::Corruption("segment " + p.sha256 + " of " + p.path +
-                                  " has the wrong length");
+      const uint64_t length = segs.empty() ? 0 : segs.back().offset + segs.back().length;
+      bytes += length;
+      fs::path path = cache_dir / "packs" / file;
+      CKPTFS_ASSIGN_OR_RETURN(FileDescriptor fd,
+                              OpenFile(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC));
+      if (::ftruncate(fd.get(), static_cast<off_t>(length)) != 0) {
+        return Status::FromErrno(errno, "truncate " + path.string());
       }
-      bytes += blob.size();
-      return WriteFileAt(p.fd, blob.bytes(), p.offset, p.path);
-    });
-    auto t1 = std::chrono::steady_clock::now();
-    for (const auto& [fd, path] : files) {
-      if (st.ok() && ::fsync(fd) != 0) st = Status::FromErrno(errno, "fsync " + path);
-      ::close(fd);
+      CKPTFS_RETURN_IF_ERROR(DataSync(fd.get(), path));
     }
-    CKPTFS_RETURN_IF_ERROR(st);
-    auto ms = [](auto d) {
-      return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
-    };
-    spdlog::info("restore: {} segments downloaded in {} ms, synced in {} ms", pieces.size(),
-                 ms(t1 - t0), ms(std::chrono::steady_clock::now() - t1));
-    spdlog::info("restored {} from {} ({} pack bytes, catalog {} bytes)", cache_dir.string(),
-                 *newest, bytes.load(), image.size());
+    CKPTFS_RETURN_IF_ERROR(RemotePacks::Record(cache_dir, packs));
+    spdlog::info("restored {} from {}: catalog {} bytes; {} pack bytes in {} packs read from "
+                 "the bucket on demand", cache_dir.string(), *newest, image.size(), bytes,
+                 packs.size());
   }
   CKPTFS_RETURN_IF_ERROR(SyncDir(cache_dir / "packs"));
   CKPTFS_RETURN_IF_ERROR(SyncDir(cache_dir / "catalog"));

@@ -11,6 +11,7 @@
 //                                         file, the segments that make it up
 //
 //   CKPTFS_RETURN_IF_ERROR(BucketMirror::Restore(s3, loc, "node1", cache_dir));  // if empty
+//   CKPTFS_ASSIGN_OR_RETURN(options.remote_records, RemotePacks::Open(&s3, loc, cache_dir));
 //   auto store = Store::Open(cache_dir, options);
 //   CKPTFS_ASSIGN_OR_RETURN(auto mirror, BucketMirror::Open(&s3, loc, "node1", store.get()));
 //   CKPTFS_RETURN_IF_ERROR(mirror->Publish());   // after the store made its data durable
@@ -39,6 +40,7 @@
 
 #include "engine/objstore/s3_client.h"
 #include "engine/objstore/s3_config.h"
+#include "engine/objstore/remote_packs.h"
 #include "engine/util/mutex.h"
 #include "engine/util/status.h"
 
@@ -81,8 +83,11 @@ class BucketMirror {
   static Status InitBucket(S3Client& s3, const S3Location& loc,
                            const std::filesystem::path& local_store);
   // When `cache_dir` holds no store: fills it from the newest manifest of `node` (or, when the
-  // node published none, with the store's ckptfs.json only). A cache that holds a store is
-  // left as it is. NotFound (saying to run `ckptfs init`) when loc holds no store.
+  // node published none, with the store's ckptfs.json only): the catalog image, and each pack
+  // as a sparse file of its published length whose records are read from the bucket on demand
+  // (RemotePacks, named by cache_dir/remote-packs.json); no pack bytes are downloaded. A cache
+  // that holds a store is left as it is. NotFound (saying to run `ckptfs init`) when loc holds
+  // no store.
   static Status Restore(S3Client& s3, const S3Location& loc, const std::string& node,
                         const std::filesystem::path& cache_dir);
   // REQUIRES: store is open on the directory Restore filled, and outlives the mirror.
@@ -104,11 +109,7 @@ class BucketMirror {
   static std::string ManifestKey(const S3Location& loc, const std::string& node, uint64_t seq);
 
  private:
-  struct Segment {
-    uint64_t offset = 0;
-    uint64_t length = 0;
-    std::string sha256;
-  };
+  using Segment = PackSegment;
   BucketMirror(S3Client* s3, S3Location loc, std::string node, Store* store,
                uint64_t segment_bytes);
   // One publication. REQUIRES: run_mu_ held.

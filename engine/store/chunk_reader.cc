@@ -55,6 +55,15 @@ std::filesystem::path ChunkReader::PackPath(uint32_t pack_id) const {
 }
 
 void ChunkReader::WillNeed(std::vector<ChunkRow> rows) const {
+  if (remote_) {
+    std::vector<RecordRange> remote;
+    std::erase_if(rows, [&](const ChunkRow& row) {
+      if (!remote_->Holds(row.pack_id, row.offset, row.length)) return false;
+      remote.push_back({row.pack_id, row.offset, row.length});
+      return true;
+    });
+    if (!remote.empty()) remote_->WillNeed(std::move(remote));
+  }
   std::sort(rows.begin(), rows.end(), [](const ChunkRow& a, const ChunkRow& b) {
     return std::tie(a.pack_id, a.offset) < std::tie(b.pack_id, b.offset);
   });
@@ -97,12 +106,21 @@ Result<CheckedRecord> ChunkReader::ReadRecord(const ChunkId& id, const ChunkRow&
   if (row.length < kRecordHeaderBytes) {
     return Status::Corruption(where() + ": catalog row has an impossible record length");
   }
-  CKPTFS_ASSIGN_OR_RETURN(auto fd, PackFd(row.pack_id));
   std::byte header_bytes[kRecordHeaderBytes];
   CheckedRecord record;
   record.payload = Buffer(row.length - kRecordHeaderBytes);
-  Status s = PReadTwo(fd->get(), row.offset, MutableBytes(header_bytes, kRecordHeaderBytes),
+  Status s;
+  if (remote_ && remote_->Holds(row.pack_id, row.offset, row.length)) {
+    s = remote_->Read(row.pack_id, row.offset, MutableBytes(header_bytes, kRecordHeaderBytes),
                       record.payload.mutable_bytes());
+    if (!s.ok()) {
+      return s.IsCorruption() ? Status::Corruption(where() + ": " + s.message()) : s;
+    }
+  } else {
+    CKPTFS_ASSIGN_OR_RETURN(auto fd, PackFd(row.pack_id));
+    s = PReadTwo(fd->get(), row.offset, MutableBytes(header_bytes, kRecordHeaderBytes),
+                 record.payload.mutable_bytes());
+  }
   if (!s.ok()) {
     const std::string path = PackPath(row.pack_id).string();
     return s.IsCorruption() ? Status::Corruption(where() + ": read " + path + ": " + s.message())

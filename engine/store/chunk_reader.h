@@ -20,6 +20,8 @@
 //   record, the base and the result at a time, however long the chain.
 // - Load is single-flight: a second caller for a chunk being decoded waits for that decode.
 // - Pack file descriptors are opened once and kept until ForgetPack.
+// - Records a RemoteRecords source holds (remote_records.h: a store whose packs are in a
+//   bucket) are read from it instead of the pack file, and checked the same way.
 // REQUIRES (callers): the row's location stays valid during the call (the Store holds its gc
 // lock shared, or the row is pinned). Thread-safe.
 #pragma once
@@ -35,6 +37,7 @@
 #include "engine/store/catalog.h"
 #include "engine/store/chunk_cache.h"
 #include "engine/store/record.h"
+#include "engine/store/remote_records.h"
 #include "engine/util/buffer.h"
 #include "engine/util/file.h"
 #include "engine/util/mutex.h"
@@ -62,9 +65,14 @@ struct ChunkSlice {
 
 class ChunkReader {
  public:
-  // REQUIRES: catalog and cache outlive the reader.
-  ChunkReader(std::filesystem::path packs_dir, const Catalog* catalog, ChunkCache* cache)
-      : packs_dir_(std::move(packs_dir)), catalog_(catalog), cache_(cache) {}
+  // REQUIRES: catalog and cache outlive the reader. `remote` (may be null): where the records
+  // it holds are read from.
+  ChunkReader(std::filesystem::path packs_dir, const Catalog* catalog, ChunkCache* cache,
+              std::shared_ptr<const RemoteRecords> remote = nullptr)
+      : packs_dir_(std::move(packs_dir)),
+        catalog_(catalog),
+        cache_(cache),
+        remote_(std::move(remote)) {}
   ChunkReader(const ChunkReader&) = delete;
   ChunkReader& operator=(const ChunkReader&) = delete;
 
@@ -94,7 +102,7 @@ class ChunkReader {
   // (POSIX_FADV_WILLNEED over runs of adjacent records, coalesced across gaps up to
   // kReadaheadGap), so that the loads that follow find them in the page cache: one large
   // asynchronous read instead of one small synchronous pread per record. Advisory: errors are
-  // ignored (the loads report them).
+  // ignored (the loads report them). Records a remote source holds go to its WillNeed.
   void WillNeed(std::vector<ChunkRow> rows) const;
   static constexpr uint64_t kReadaheadGap = 256 << 10;
 
@@ -127,6 +135,7 @@ class ChunkReader {
   const std::filesystem::path packs_dir_;
   const Catalog* const catalog_;
   ChunkCache* const cache_;
+  const std::shared_ptr<const RemoteRecords> remote_;
   // Chunks being decoded: a second reader (or the prefetcher) waits for the first.
   mutable Mutex loading_mu_;
   mutable std::unordered_map<ChunkId, std::shared_future<LoadResult>> loading_

@@ -103,6 +103,10 @@ struct StoreOptions {
   bool reverse_deltas = true;
   // Raw bytes the re-encoder re-encodes per catalog transaction, at most.
   uint64_t reencode_batch_bytes = 64u << 20;
+  // Where records that are not on local disk are read from (remote_records.h): set for a
+  // store whose packs are in a bucket and whose cache holds only part of them. Null: every
+  // record is in the local packs.
+  std::shared_ptr<const RemoteRecords> remote_records;
   // Test hook (crash tests): runs after the re-encoder's new records are synced, before the
   // catalog transaction that points the rows at them.
   std::function<void()> before_reencode_commit;

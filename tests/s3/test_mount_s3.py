@@ -81,6 +81,12 @@ def named_objects(prefix):
     return named
 
 
+def packs_on_disk(cache_dir):
+    """Bytes the cache's pack files take on disk (allocated blocks; sparse ranges are none)."""
+    packs = os.path.join(cache_dir, "packs")
+    return sum(os.stat(os.path.join(packs, f)).st_blocks * 512 for f in os.listdir(packs))
+
+
 class S3StoreTest(unittest.TestCase):
     def test_init_refuses_twice_and_mount_says_what_is_missing(self):
         mounted.ckptfs("init", "s3://ckpts/twice")
@@ -114,8 +120,14 @@ class S3StoreTest(unittest.TestCase):
         b = S3Mount(loc, "rank0", "b")                            # a new node, empty cache
         self.addCleanup(b.close)
         b.mount()
+        # Reads on demand: the mount restored the catalog and serves at once; the packs are
+        # sparse files whose records come from the bucket as they are read, through the
+        # memory cache, never onto this node's disk.
+        self.assertTrue(os.path.exists(os.path.join(b.store, "remote-packs.json")))
+        self.assertLess(packs_on_disk(b.store), 1 << 20)
         for name, data in expected.items():
             self.assertEqual(mounted.read_file(b.path("step1", name)), data, name)
+        self.assertLess(packs_on_disk(b.store), 1 << 20)
         loaded = torch.load(b.path("step1", "model.pt"))
         for k, v in model(1).items():
             self.assertTrue(torch.equal(loaded[k], v), k)

@@ -1,0 +1,287 @@
+#include "engine/objstore/remote_packs.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "engine/store/record.h"
+#include "engine/util/file.h"
+
+namespace ckptfs::objstore {
+namespace {
+
+namespace fs = std::filesystem;
+constexpr int kRemotePacksFormat = 1;
+// Records of a prefetch window further apart than this start a new run (the bytes between
+// them would be fetched for nothing).
+constexpr uint64_t kRunGap = 64 << 10;
+
+// Copies `src`, which holds the record's bytes from `at` on, into the record's two spans.
+void Scatter(Bytes src, uint64_t at, MutableBytes header, MutableBytes payload) {
+  for (size_t i = 0; i < src.size();) {
+    const uint64_t pos = at + i;
+    MutableBytes to = pos < header.size() ? header.subspan(pos)
+                                          : payload.subspan(pos - header.size());
+    const size_t n = std::min(to.size(), src.size() - i);
+    std::memcpy(to.data(), src.data() + i, n);
+    i += n;
+  }
+}
+
+}  // namespace
+
+Status RemotePacks::Record(const fs::path& cache_dir,
+                           const std::map<std::string, std::vector<PackSegment>>& packs) {
+  nlohmann::json doc = {{"format", kRemotePacksFormat}, {"packs", nlohmann::json::object()}};
+  for (const auto& [file, segments] : packs) {
+    nlohmann::json segs = nlohmann::json::array();
+    for (const PackSegment& s : segments) segs.push_back({s.offset, s.length, s.sha256});
+    doc["packs"][file] = std::move(segs);
+  }
+  return WriteFileAtomic(cache_dir / kFileName, doc.dump());
+}
+
+Result<std::shared_ptr<RemotePacks>> RemotePacks::Open(S3Client* s3, S3Location loc,
+                                                       const fs::path& cache_dir,
+                                                       RemotePacksOptions options) {
+  const fs::path path = cache_dir / kFileName;
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return std::shared_ptr<RemotePacks>();
+  CKPTFS_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(path));
+  nlohmann::json doc = nlohmann::json::parse(text, nullptr, false);
+  auto bad = [&](const std::string& why) {
+    return Status::Corruption(path.string() + " " + why + "; remove the cache directory and " +
+                              "mount again to restore it from the bucket");
+  };
+  if (doc.is_discarded() || !doc.is_object() || doc.value("format", 0) != kRemotePacksFormat ||
+      !doc.contains("packs") || !doc["packs"].is_object()) {
+    return bad("is not one this ckptfs reads");
+  }
+  std::map<uint32_t, std::vector<PackSegment>> packs;
+  for (const auto& [file, segments] : doc["packs"].items()) {
+    uint32_t pack_id = 0;
+    if (!ParsePackFileName(file, &pack_id) || !segments.is_array()) {
+      return bad("names a pack '" + file + "'");
+    }
+    std::vector<PackSegment>& segs = packs[pack_id];
+    uint64_t end = 0;
+    for (const auto& s : segments) {
+      if (!s.is_array() || s.size() != 3 || !s[0].is_number_unsigned() ||
+          !s[1].is_number_unsigned() || !s[2].is_string()) {
+        return bad("has a malformed segment of " + file);
+      }
+      PackSegment seg{s[0].get<uint64_t>(), s[1].get<uint64_t>(), s[2].get<std::string>()};
+      if (seg.offset != end || seg.length == 0) return bad("has a gap in the segments of " + file);
+      end = seg.offset + seg.length;
+      segs.push_back(std::move(seg));
+    }
+  }
+  std::shared_ptr<RemotePacks> remote(
+      new RemotePacks(s3, std::move(loc), std::move(packs), options));
+  return remote;
+}
+
+RemotePacks::RemotePacks(S3Client* s3, S3Location loc,
+                         std::map<uint32_t, std::vector<PackSegment>> packs,
+                         RemotePacksOptions options)
+    : s3_(s3), loc_(std::move(loc)), packs_(std::move(packs)), options_(options) {
+  for (int i = 0; i < std::max(1, options_.fetch_threads); ++i) {
+    threads_.emplace_back([this] { FetchLoop(); });
+  }
+}
+
+RemotePacks::~RemotePacks() {
+  {
+    MutexLock lock(mu_);
+    stopping_ = true;
+  }
+  queue_cv_.NotifyAll();
+  for (auto& t : threads_) t.join();
+}
+
+uint64_t RemotePacks::held_bytes() const {
+  MutexLock lock(mu_);
+  return held_;
+}
+
+const PackSegment* RemotePacks::SegmentAt(uint32_t pack_id, uint64_t offset) const {
+  auto it = packs_.find(pack_id);
+  if (it == packs_.end()) return nullptr;
+  const std::vector<PackSegment>& segs = it->second;
+  auto seg = std::upper_bound(segs.begin(), segs.end(), offset,
+                              [](uint64_t off, const PackSegment& s) { return off < s.offset; });
+  if (seg == segs.begin()) return nullptr;
+  --seg;
+  return offset < seg->offset + seg->length ? &*seg : nullptr;
+}
+
+bool RemotePacks::Holds(uint32_t pack_id, uint64_t offset, uint64_t length) const {
+  auto it = packs_.find(pack_id);
+  if (it == packs_.end() || it->second.empty()) return false;
+  const PackSegment& last = it->second.back();
+  return offset + length <= last.offset + last.length;
+}
+
+Status RemotePacks::Fetch(const PackSegment& seg, uint64_t offset, MutableBytes out) const {
+  CKPTFS_ASSIGN_OR_RETURN(Buffer got, s3_->GetRange(loc_.bucket, loc_.Key("objects/" + seg.sha256),
+                                                    offset - seg.offset, out.size()));
+  gets_.fetch_add(1, std::memory_order_relaxed);
+  fetched_bytes_.fetch_add(got.size(), std::memory_order_relaxed);
+  if (got.size() != out.size()) {
+    return Status::Corruption("segment " + seg.sha256 + " in the bucket is shorter than " +
+                              "its manifest says");
+  }
+  std::memcpy(out.data(), got.data(), out.size());
+  return Status::OK();
+}
+
+RemotePacks::Fetched RemotePacks::FetchRun(const PackSegment& seg, uint64_t begin,
+                                           uint64_t end) const {
+  auto buf = std::make_shared<Buffer>(static_cast<size_t>(end - begin));
+  CKPTFS_RETURN_IF_ERROR(Fetch(seg, begin, buf->mutable_bytes()));
+  return std::shared_ptr<const Buffer>(std::move(buf));
+}
+
+Status RemotePacks::Read(uint32_t pack_id, uint64_t offset, MutableBytes header,
+                         MutableBytes payload) const {
+  const uint64_t total = header.size() + payload.size();
+  std::shared_future<Fetched> prefetched;
+  uint64_t run_begin = 0, run_order = 0;
+  {
+    MutexLock lock(mu_);
+    auto it = runs_.upper_bound({pack_id, offset});
+    if (it != runs_.begin()) {
+      --it;
+      if (it->first.first == pack_id && offset + total <= it->second.end) {
+        prefetched = it->second.data;
+        run_begin = it->first.second;
+        run_order = it->second.order;
+      }
+    }
+  }
+  if (prefetched.valid()) {
+    const Fetched& run = prefetched.get();
+    MutexLock lock(mu_);
+    auto it = runs_.find({pack_id, run_begin});
+    const bool same = it != runs_.end() && it->second.order == run_order;  // not evicted
+    if (run.ok()) {
+      Scatter((*run)->bytes().subspan(offset - run_begin, total), 0, header, payload);
+    }
+    // Done with it when all its records were read, or when its fetch failed (the direct read
+    // below reports the error, or succeeds where the prefetch did not).
+    if (same) {
+      Run& r = it->second;
+      r.unread -= std::min(r.unread, total);
+      if (r.unread == 0 || !run.ok()) {
+        held_ -= r.end - it->first.second;
+        runs_.erase(it);
+      }
+    }
+    if (run.ok()) return Status::OK();
+  }
+  // Not prefetched: a ranged GET of each segment the record spans (usually one).
+  for (uint64_t pos = offset; pos < offset + total;) {
+    const PackSegment* seg = SegmentAt(pack_id, pos);
+    if (seg == nullptr) {
+      return Status::Corruption("the bucket's segments of pack " + PackFileName(pack_id) +
+                                " do not hold offset " + std::to_string(pos));
+    }
+    const uint64_t end = std::min(offset + total, seg->offset + seg->length);
+    Buffer piece(static_cast<size_t>(end - pos));
+    CKPTFS_RETURN_IF_ERROR(Fetch(*seg, pos, piece.mutable_bytes()));
+    Scatter(piece.bytes(), pos - offset, header, payload);
+    pos = end;
+  }
+  return Status::OK();
+}
+
+bool RemotePacks::MakeRoom(uint64_t bytes) const {
+  while (held_ + bytes > options_.prefetch_bytes) {
+    auto oldest = runs_.end();
+    for (auto it = runs_.begin(); it != runs_.end(); ++it) {
+      const bool ready =
+          it->second.data.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+      if (ready && (oldest == runs_.end() || it->second.order < oldest->second.order)) oldest = it;
+    }
+    if (oldest == runs_.end()) return false;  // all in flight: no room now
+    held_ -= oldest->second.end - oldest->first.second;
+    runs_.erase(oldest);
+  }
+  return true;
+}
+
+void RemotePacks::WillNeed(std::vector<RecordRange> records) const {
+  std::sort(records.begin(), records.end(), [](const RecordRange& a, const RecordRange& b) {
+    return std::tie(a.pack_id, a.offset) < std::tie(b.pack_id, b.offset);
+  });
+  struct Planned {
+    const PackSegment* seg = nullptr;
+    uint32_t pack = 0;
+    uint64_t begin = 0, end = 0, bytes = 0;
+  };
+  std::vector<Planned> plan;
+  MutexLock lock(mu_);
+  // The first run at or after (pack, offset), or runs_.end().
+  auto next_run = [&](uint32_t pack, uint64_t offset) { return runs_.lower_bound({pack, offset}); };
+  auto covered = [&](const RecordRange& r) {
+    auto it = runs_.upper_bound({r.pack_id, r.offset});
+    if (it == runs_.begin()) return false;
+    --it;
+    return it->first.first == r.pack_id && r.offset + r.length <= it->second.end;
+  };
+  for (const RecordRange& r : records) {
+    const PackSegment* seg = SegmentAt(r.pack_id, r.offset);
+    // A record that spans two segments is read directly when it is needed.
+    if (seg == nullptr || r.offset + r.length > seg->offset + seg->length || covered(r)) continue;
+    if (!plan.empty()) {
+      Planned& cur = plan.back();
+      auto after = next_run(r.pack_id, cur.end);
+      const bool run_between = after != runs_.end() && after->first.first == r.pack_id &&
+                               after->first.second < r.offset + r.length;
+      if (cur.seg == seg && r.offset >= cur.end && r.offset - cur.end <= kRunGap &&
+          r.offset + r.length - cur.begin <= options_.run_bytes && !run_between) {
+        cur.end = r.offset + r.length;
+        cur.bytes += r.length;
+        continue;
+      }
+    }
+    plan.push_back({seg, r.pack_id, r.offset, r.offset + r.length, r.length});
+  }
+  size_t queued = 0;
+  for (const Planned& p : plan) {
+    if (!MakeRoom(p.end - p.begin)) break;  // the rest is read when it is needed
+    auto done = std::make_shared<std::promise<Fetched>>();
+    runs_[{p.pack, p.begin}] = Run{p.end, done->get_future().share(), p.bytes, ++next_order_};
+    held_ += p.end - p.begin;
+    queue_.push_back({p.seg, p.begin, p.end, std::move(done)});
+    ++queued;
+  }
+  lock.Unlock();
+  for (size_t i = 0; i < queued; ++i) queue_cv_.NotifyOne();
+}
+
+void RemotePacks::FetchLoop() const {
+  MutexLock lock(mu_);
+  for (;;) {
+    while (queue_.empty() && !stopping_) queue_cv_.Wait(lock);
+    if (queue_.empty()) return;
+    Job job = std::move(queue_.front());
+    queue_.pop_front();
+    if (stopping_) {
+      job.done->set_value(Status::Busy("the store is closing"));
+      continue;
+    }
+    lock.Unlock();
+    Fetched got = FetchRun(*job.seg, job.begin, job.end);
+    if (!got.ok()) {
+      spdlog::warn("prefetch of segment {} (pack bytes {}-{}): {}", job.seg->sha256, job.begin,
+                   job.end, got.status().ToString());
+    }
+    job.done->set_value(std::move(got));
+    lock.Lock();
+  }
+}
+
+}  // namespace ckptfs::objstore

@@ -1,0 +1,126 @@
+// engine/objstore/remote_packs.h
+//
+// Reads on demand (docs/scale-out.md): the records of a node's packs as they were published
+// to the bucket, fetched with ranged GETs of the segments that hold them, so that a mount on
+// an empty cache serves at once instead of downloading the whole store first.
+//
+//   // After BucketMirror::Restore left CACHE/remote-packs.json (the packs it did not fetch):
+//   CKPTFS_ASSIGN_OR_RETURN(auto remote, RemotePacks::Open(&s3, loc, cache_dir));
+//   options.remote_records = remote;   // null when the cache holds every record itself
+//   auto store = Store::Open(cache_dir, options);
+//
+// Guarantees:
+// - Holds() is true exactly for records inside the published length of a pack named in
+//   remote-packs.json; everything the store appends later is local.
+// - Read() returns the bytes of the pack as published: from a prefetched run when one covers
+//   the record, else with a ranged GET per segment the record spans. The bytes are checked by
+//   the chunk reader against the record's own checksums (remote_records.h).
+// - WillNeed() coalesces adjacent records of one segment into runs of up to run_bytes and
+//   fetches them on fetch_threads threads, several in flight. Runs are dropped once all their
+//   bytes were read; the bytes held by runs are at most prefetch_bytes (the oldest fetched runs
+//   are evicted first; a window that still does not fit is not prefetched).
+// Thread-safe.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <filesystem>
+#include <future>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "engine/objstore/s3_client.h"
+#include "engine/objstore/s3_config.h"
+#include "engine/store/remote_records.h"
+#include "engine/util/mutex.h"
+
+namespace ckptfs::objstore {
+
+struct RemotePacksOptions {
+  uint64_t prefetch_bytes = 64ull << 20;  // bytes of prefetched runs held at most
+  uint64_t run_bytes = 4ull << 20;        // one ranged GET of a prefetch window, at most
+  int fetch_threads = 4;                  // ranged GETs of prefetch windows in flight
+};
+
+// One published segment of a pack: bytes [offset, offset + length) of the pack file are the
+// object objects/<sha256>.
+struct PackSegment {
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  std::string sha256;
+};
+
+class RemotePacks final : public RemoteRecords {
+ public:
+  // The file Restore leaves in a cache it filled on demand.
+  static constexpr const char* kFileName = "remote-packs.json";
+  // Writes `packs` (pack file name -> segments, contiguous from 0) into cache_dir/kFileName,
+  // synced. REQUIRES: called before the cache's ckptfs.json is written.
+  static Status Record(const std::filesystem::path& cache_dir,
+                       const std::map<std::string, std::vector<PackSegment>>& packs);
+  // The remote packs of the cache at cache_dir; null when it has no kFileName (a cache that
+  // holds every record). REQUIRES: s3 outlives the result.
+  static Result<std::shared_ptr<RemotePacks>> Open(S3Client* s3, S3Location loc,
+                                                   const std::filesystem::path& cache_dir,
+                                                   RemotePacksOptions options = {});
+  ~RemotePacks() override;
+
+  bool Holds(uint32_t pack_id, uint64_t offset, uint64_t length) const override;
+  Status Read(uint32_t pack_id, uint64_t offset, MutableBytes header,
+              MutableBytes payload) const override;
+  void WillNeed(std::vector<RecordRange> records) const override;
+
+  // Ranged GETs made and bytes they brought, prefetch runs included.
+  uint64_t gets() const { return gets_.load(std::memory_order_relaxed); }
+  uint64_t fetched_bytes() const { return fetched_bytes_.load(std::memory_order_relaxed); }
+  // Bytes of prefetched runs held now (at most options.prefetch_bytes).
+  uint64_t held_bytes() const;
+
+ private:
+  using Fetched = Result<std::shared_ptr<const Buffer>>;
+  struct Run {
+    uint64_t end = 0;
+    std::shared_future<Fetched> data;
+    uint64_t unread = 0;  // bytes of records not read from it yet
+    uint64_t order = 0;   // when it was started (eviction: oldest first)
+  };
+  RemotePacks(S3Client* s3, S3Location loc, std::map<uint32_t, std::vector<PackSegment>> packs,
+              RemotePacksOptions options);
+  // The segment of `pack_id` that holds `offset`, or null.
+  const PackSegment* SegmentAt(uint32_t pack_id, uint64_t offset) const;
+  // Bytes [offset, offset + out.size()) of the segment, one ranged GET.
+  Status Fetch(const PackSegment& seg, uint64_t offset, MutableBytes out) const;
+  Fetched FetchRun(const PackSegment& seg, uint64_t begin, uint64_t end) const;
+  // Room for `bytes` more, evicting the oldest fetched runs. REQUIRES: mu_ held.
+  bool MakeRoom(uint64_t bytes) const REQUIRES(mu_);
+  void FetchLoop() const;
+
+  S3Client* const s3_;
+  const S3Location loc_;
+  const std::map<uint32_t, std::vector<PackSegment>> packs_;  // sorted by offset
+  const RemotePacksOptions options_;
+
+  mutable Mutex mu_;
+  // (pack, begin) -> run; runs do not overlap.
+  mutable std::map<std::pair<uint32_t, uint64_t>, Run> runs_ GUARDED_BY(mu_);
+  mutable uint64_t held_ GUARDED_BY(mu_) = 0;
+  mutable uint64_t next_order_ GUARDED_BY(mu_) = 0;
+  struct Job {
+    const PackSegment* seg;
+    uint64_t begin, end;  // within the pack
+    std::shared_ptr<std::promise<Fetched>> done;
+  };
+  mutable std::deque<Job> queue_ GUARDED_BY(mu_);
+  mutable bool stopping_ GUARDED_BY(mu_) = false;
+  mutable CondVar queue_cv_;
+  std::vector<std::thread> threads_;
+  mutable std::atomic<uint64_t> gets_{0};
+  mutable std::atomic<uint64_t> fetched_bytes_{0};
+};
+
+}  // namespace ckptfs::objstore
