@@ -146,53 +146,61 @@ RemotePacks::Fetched RemotePacks::FetchRun(const PackSegment& seg, uint64_t begi
 
 Status RemotePacks::Read(uint32_t pack_id, uint64_t offset, MutableBytes header,
                          MutableBytes payload) const {
-  const uint64_t total = header.size() + payload.size();
-  std::shared_future<Fetched> prefetched;
-  uint64_t run_begin = 0, run_order = 0;
-  {
-    MutexLock lock(mu_);
-    auto it = runs_.upper_bound({pack_id, offset});
-    if (it != runs_.begin()) {
-      --it;
-      if (it->first.first == pack_id && offset + total <= it->second.end) {
-        prefetched = it->second.data;
-        run_begin = it->first.second;
-        run_order = it->second.order;
+  const uint64_t end = offset + header.size() + payload.size();
+  for (uint64_t pos = offset; pos < end;) {
+    // A prefetched run holding pos, else the first run after it (where a direct read stops).
+    std::shared_future<Fetched> run_data;
+    uint64_t run_begin = 0, run_end = 0, run_order = 0, next_run = end;
+    {
+      MutexLock lock(mu_);
+      auto it = runs_.upper_bound({pack_id, pos});
+      if (it != runs_.end() && it->first.first == pack_id) next_run = it->first.second;
+      if (it != runs_.begin()) {
+        --it;
+        if (it->first.first == pack_id && pos < it->second.end) {
+          run_data = it->second.data;
+          run_begin = it->first.second;
+          run_end = it->second.end;
+          run_order = it->second.order;
+        }
       }
     }
-  }
-  if (prefetched.valid()) {
-    const Fetched& run = prefetched.get();
-    MutexLock lock(mu_);
-    auto it = runs_.find({pack_id, run_begin});
-    const bool same = it != runs_.end() && it->second.order == run_order;  // not evicted
-    if (run.ok()) {
-      Scatter((*run)->bytes().subspan(offset - run_begin, total), 0, header, payload);
-    }
-    // Done with it when all its records were read, or when its fetch failed (the direct read
-    // below reports the error, or succeeds where the prefetch did not).
-    if (same) {
-      Run& r = it->second;
-      r.unread -= std::min(r.unread, total);
-      if (r.unread == 0 || !run.ok()) {
-        held_ -= r.end - it->first.second;
-        runs_.erase(it);
+    if (run_data.valid()) {
+      const Fetched& run = run_data.get();
+      const uint64_t stop = std::min(end, run_end);
+      if (run.ok()) {
+        Scatter((*run)->bytes().subspan(pos - run_begin, stop - pos), pos - offset, header,
+                payload);
+      }
+      MutexLock lock(mu_);
+      auto it = runs_.find({pack_id, run_begin});
+      if (it != runs_.end() && it->second.order == run_order) {  // not evicted meanwhile
+        // Dropped once all its bytes were read, or when its fetch failed (a direct read
+        // below reports the error, or succeeds where the prefetch did not).
+        Run& r = it->second;
+        r.unread -= std::min(r.unread, stop - pos);
+        if (r.unread == 0 || !run.ok()) {
+          held_ -= r.end - it->first.second;
+          runs_.erase(it);
+        }
+      }
+      if (run.ok()) {
+        pos = stop;
+        continue;
       }
     }
-    if (run.ok()) return Status::OK();
-  }
-  // Not prefetched: a ranged GET of each segment the record spans (usually one).
-  for (uint64_t pos = offset; pos < offset + total;) {
+    // Not prefetched: a ranged GET up to the segment's end or the next run, whichever first.
     const PackSegment* seg = SegmentAt(pack_id, pos);
     if (seg == nullptr) {
       return Status::Corruption("the bucket's segments of pack " + PackFileName(pack_id) +
                                 " do not hold offset " + std::to_string(pos));
     }
-    const uint64_t end = std::min(offset + total, seg->offset + seg->length);
-    Buffer piece(static_cast<size_t>(end - pos));
+    uint64_t stop = std::min(end, seg->offset + seg->length);
+    if (next_run > pos) stop = std::min(stop, next_run);
+    Buffer piece(static_cast<size_t>(stop - pos));
     CKPTFS_RETURN_IF_ERROR(Fetch(*seg, pos, piece.mutable_bytes()));
     Scatter(piece.bytes(), pos - offset, header, payload);
-    pos = end;
+    pos = stop;
   }
   return Status::OK();
 }
@@ -212,6 +220,14 @@ bool RemotePacks::MakeRoom(uint64_t bytes) const {
   return true;
 }
 
+bool RemotePacks::Covered(uint32_t pack_id, uint64_t offset, uint64_t end) const {
+  auto it = runs_.upper_bound({pack_id, offset});
+  if (it != runs_.end() && it->first.first == pack_id && it->first.second < end) return true;
+  if (it == runs_.begin()) return false;
+  --it;
+  return it->first.first == pack_id && offset < it->second.end;
+}
+
 void RemotePacks::WillNeed(std::vector<RecordRange> records) const {
   std::sort(records.begin(), records.end(), [](const RecordRange& a, const RecordRange& b) {
     return std::tie(a.pack_id, a.offset) < std::tie(b.pack_id, b.offset);
@@ -223,31 +239,47 @@ void RemotePacks::WillNeed(std::vector<RecordRange> records) const {
   };
   std::vector<Planned> plan;
   MutexLock lock(mu_);
-  // The first run at or after (pack, offset), or runs_.end().
-  auto next_run = [&](uint32_t pack, uint64_t offset) { return runs_.lower_bound({pack, offset}); };
-  auto covered = [&](const RecordRange& r) {
-    auto it = runs_.upper_bound({r.pack_id, r.offset});
-    if (it == runs_.begin()) return false;
-    --it;
-    return it->first.first == r.pack_id && r.offset + r.length <= it->second.end;
-  };
   for (const RecordRange& r : records) {
     const PackSegment* seg = SegmentAt(r.pack_id, r.offset);
     // A record that spans two segments is read directly when it is needed.
-    if (seg == nullptr || r.offset + r.length > seg->offset + seg->length || covered(r)) continue;
+    if (seg == nullptr || r.offset + r.length > seg->offset + seg->length ||
+        Covered(r.pack_id, r.offset, r.offset + r.length)) {
+      continue;
+    }
     if (!plan.empty()) {
       Planned& cur = plan.back();
-      auto after = next_run(r.pack_id, cur.end);
-      const bool run_between = after != runs_.end() && after->first.first == r.pack_id &&
-                               after->first.second < r.offset + r.length;
       if (cur.seg == seg && r.offset >= cur.end && r.offset - cur.end <= kRunGap &&
-          r.offset + r.length - cur.begin <= options_.run_bytes && !run_between) {
+          r.offset + r.length - cur.begin <= options_.run_bytes &&
+          !Covered(r.pack_id, cur.end, r.offset + r.length)) {
         cur.end = r.offset + r.length;
         cur.bytes += r.length;
         continue;
       }
     }
     plan.push_back({seg, r.pack_id, r.offset, r.offset + r.length, r.length});
+  }
+  // Read-ahead: a checkpoint's records lie in its pack in the order they are read, so the
+  // pack bytes after the window are fetched too (up to read_ahead_bytes past it, in runs,
+  // skipping what runs hold already).
+  if (!records.empty() && options_.read_ahead_bytes > 0) {
+    const RecordRange& last = records.back();  // the window's end (sorted)
+    const uint32_t pack = last.pack_id;
+    const uint64_t limit = last.offset + last.length + options_.read_ahead_bytes;
+    for (uint64_t pos = last.offset + last.length; pos < limit;) {
+      const PackSegment* seg = SegmentAt(pack, pos);
+      if (seg == nullptr) break;  // the end of the pack
+      uint64_t stop = std::min({limit, seg->offset + seg->length, pos + options_.run_bytes});
+      auto next = runs_.upper_bound({pack, pos});
+      if (Covered(pack, pos, pos + 1)) {  // skip to where that run ends
+        pos = std::prev(next)->second.end;
+        continue;
+      }
+      if (next != runs_.end() && next->first.first == pack) {
+        stop = std::min(stop, next->first.second);
+      }
+      plan.push_back({seg, pack, pos, stop, stop - pos});
+      pos = stop;
+    }
   }
   size_t queued = 0;
   for (const Planned& p : plan) {

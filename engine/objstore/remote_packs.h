@@ -15,10 +15,11 @@
 // - Read() returns the bytes of the pack as published: from a prefetched run when one covers
 //   the record, else with a ranged GET per segment the record spans. The bytes are checked by
 //   the chunk reader against the record's own checksums (remote_records.h).
-// - WillNeed() coalesces adjacent records of one segment into runs of up to run_bytes and
-//   fetches them on fetch_threads threads, several in flight. Runs are dropped once all their
-//   bytes were read; the bytes held by runs are at most prefetch_bytes (the oldest fetched runs
-//   are evicted first; a window that still does not fit is not prefetched).
+// - WillNeed() coalesces adjacent records of one segment into runs of up to run_bytes, adds
+//   runs for the read_ahead_bytes of the pack after them, and fetches them on fetch_threads
+//   threads, several in flight. Runs are dropped once all their bytes were read; the bytes
+//   held by runs are at most prefetch_bytes (the oldest fetched runs are evicted first; what
+//   still does not fit is not prefetched). A record may be read from several runs.
 // Thread-safe.
 #pragma once
 
@@ -45,6 +46,9 @@ struct RemotePacksOptions {
   uint64_t prefetch_bytes = 64ull << 20;  // bytes of prefetched runs held at most
   uint64_t run_bytes = 4ull << 20;        // one ranged GET of a prefetch window, at most
   int fetch_threads = 4;                  // ranged GETs of prefetch windows in flight
+  // Pack bytes fetched past the end of a prefetch window (records are read in the order they
+  // were written, mostly); 0: none.
+  uint64_t read_ahead_bytes = 32ull << 20;
 };
 
 // One published segment of a pack: bytes [offset, offset + length) of the pack file are the
@@ -96,6 +100,8 @@ class RemotePacks final : public RemoteRecords {
   // Bytes [offset, offset + out.size()) of the segment, one ranged GET.
   Status Fetch(const PackSegment& seg, uint64_t offset, MutableBytes out) const;
   Fetched FetchRun(const PackSegment& seg, uint64_t begin, uint64_t end) const;
+  // True when a run holds a byte of [offset, end) of the pack. REQUIRES: mu_ held.
+  bool Covered(uint32_t pack_id, uint64_t offset, uint64_t end) const REQUIRES(mu_);
   // Room for `bytes` more, evicting the oldest fetched runs. REQUIRES: mu_ held.
   bool MakeRoom(uint64_t bytes) const REQUIRES(mu_);
   void FetchLoop() const;
