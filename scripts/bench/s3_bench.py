@@ -4,10 +4,12 @@
 For K = 1, 2, 4 nodes (mounts of one s3:// store, each with its own cache directory and node
 name), each node saves one torch shard of --mib MiB (a distinct random fp32 state dict) and
 fsyncs it: fsync returns once the shard is in the bucket. Save throughput = K * shard bytes /
-time until the last fsync returned. Restore: K new mounts with empty caches (the mount restores
-the node's store from the bucket) read their shard back; restore throughput = K * shard bytes /
-time from the mounts' start to the last byte read. The peers: K concurrent boto3 PUTs of the
-same shard bytes, then K concurrent GETs of them, against the same radosgw. Medians of --runs.
+time until the last fsync returned. Restore: K new mounts with empty caches read their shard
+back (a mount restores the node's catalog image and serves at once; records are read from the
+bucket on demand); restore throughput = K * shard bytes / time from the mounts' start to the
+last byte read. "mount s" is the median of the slowest mount's start-up, a fixed cost that a
+larger shard amortizes. The peers: K concurrent boto3 PUTs of the same shard bytes, then K
+concurrent GETs of them, against the same radosgw. Medians of --runs.
 
 Not a test: prints a table. Needs root (FUSE), Ceph, python3-boto3 and torch."""
 import argparse
@@ -121,10 +123,13 @@ class Bench:
             shutil.rmtree(base)
 
         got = [None] * k
+        mount_s = [0.0] * k
 
         def restore(i):
             def fn():
+                t0 = time.monotonic()
                 mnt, _ = self.mount(loc, "r%d" % i, tag + "-restore")
+                mount_s[i] = time.monotonic() - t0
                 with open(os.path.join(mnt, "step1", "shard.pt"), "rb") as f:
                     got[i] = f.read()
             return fn
@@ -137,7 +142,7 @@ class Bench:
         uploaded = sum(o["Size"] for page in self.s3.get_paginator("list_objects_v2").paginate(
             Bucket="bench", Prefix=tag + "/") for o in page.get("Contents", []))
         self.delete_prefix(tag + "/")
-        return save_s, restore_s, uploaded
+        return save_s, restore_s, uploaded, max(mount_s)
 
     def raw_round(self, k, shards, tag):
         keys = ["%s/raw-%d" % (tag, i) for i in range(k)]
@@ -183,17 +188,19 @@ def main():
             for k in ks:
                 tag = "r%d-k%d" % (run_no, k)
                 put_s, get_s = bench.raw_round(k, shards, tag + "-raw")
-                save_s, restore_s, uploaded = bench.ckptfs_round(k, shards, tag)
+                save_s, restore_s, uploaded, mount_s = bench.ckptfs_round(k, shards, tag)
                 r = results.setdefault(k, {"put": [], "get": [], "save": [], "restore": [],
-                                           "uploaded": []})
+                                           "uploaded": [], "mount": []})
                 r["put"].append(put_s)
                 r["get"].append(get_s)
                 r["save"].append(save_s)
                 r["restore"].append(restore_s)
                 r["uploaded"].append(uploaded)
+                r["mount"].append(mount_s)
                 print("run %d, %d node(s): raw PUT %.2f s, GET %.2f s; ckptfs save %.2f s, "
-                      "restore %.2f s, %.1f MiB in the bucket"
-                      % (run_no + 1, k, put_s, get_s, save_s, restore_s, uploaded / MiB),
+                      "restore %.2f s (mount %.2f s), %.1f MiB in the bucket"
+                      % (run_no + 1, k, put_s, get_s, save_s, restore_s, mount_s,
+                         uploaded / MiB),
                       file=sys.stderr)
     finally:
         if bench:
@@ -202,17 +209,17 @@ def main():
         shutil.rmtree(root, ignore_errors=True)
 
     print("shard %.1f MiB per node, medians of %d runs (MB/s aggregate)" % (size / MiB, args.runs))
-    print("%-6s %10s %10s %8s %10s %10s %8s %12s" % ("nodes", "raw PUT", "save", "ratio",
-                                                    "raw GET", "restore", "ratio",
-                                                    "uploaded/raw"))
+    print("%-6s %10s %10s %8s %10s %10s %8s %12s %8s" % ("nodes", "raw PUT", "save", "ratio",
+                                                         "raw GET", "restore", "ratio",
+                                                         "uploaded/raw", "mount s"))
     for k in ks:
         r = results[k]
         mb = k * size / 1e6
         put, save = mb / statistics.median(r["put"]), mb / statistics.median(r["save"])
         get, restore = mb / statistics.median(r["get"]), mb / statistics.median(r["restore"])
-        print("%-6d %10.1f %10.1f %7.2fx %10.1f %10.1f %7.2fx %12.2f"
+        print("%-6d %10.1f %10.1f %7.2fx %10.1f %10.1f %7.2fx %12.2f %8.2f"
               % (k, put, save, save / put, get, restore, restore / get,
-                 statistics.median(r["uploaded"]) / (k * size)))
+                 statistics.median(r["uploaded"]) / (k * size), statistics.median(r["mount"])))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"shard_bytes": size, "runs": results}, f, indent=1)
