@@ -2,9 +2,11 @@
 
 #include <spdlog/spdlog.h>
 
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
+#include "engine/hash/chunk_id.h"
 #include "engine/store/lmdb_check.h"
 #include "engine/util/coding.h"
 
@@ -23,6 +25,59 @@ Status LmdbError(int rc, std::string_view what) {
 }
 
 MDB_val Val(const void* data, size_t size) { return {size, const_cast<void*>(data)}; }
+
+// Raw-table rows of a catalog with row checksums (meta "row_checksums" = 1; every catalog
+// created since) end in a trailer: LE64 XXH3-64 of the table's number, the key's length, the
+// key and the value. A flipped byte in a key (a file name) or a value then reads as Corruption
+// instead of as another name. Catalogs created before keep their rows as they are, unchecked.
+constexpr char kRowChecksumsKey[] = "row_checksums";
+constexpr size_t kRowTrailerBytes = 8;
+constexpr const char* kRawTableNames[] = {"inodes", "dirents", "xattrs", "content_meta"};
+
+uint64_t RowChecksum(Table table, std::string_view key, std::string_view value) {
+  std::string buf(5, '\0');
+  buf[0] = static_cast<char>(table);
+  PutLE<uint32_t>(buf.data() + 1, static_cast<uint32_t>(key.size()));
+  buf.append(key).append(value);
+  return Checksum64(AsBytes(buf));
+}
+
+// "dirents row 12/model.pt": a key's leading 8 bytes as the big-endian number they hold (an
+// inode or content id), the rest printable (other bytes as \xNN).
+std::string RowName(Table table, std::string_view key) {
+  std::string out = std::string(kRawTableNames[static_cast<int>(table)]) + " row ";
+  if (key.size() >= 8) {
+    out += std::to_string(GetBE64(key.data()));
+    key.remove_prefix(8);
+    if (!key.empty()) out += '/';
+  }
+  for (unsigned char ch : key) {
+    if (ch >= 0x20 && ch < 0x7f && ch != '\\') {
+      out += static_cast<char>(ch);
+    } else {
+      char hex[5];
+      std::snprintf(hex, sizeof(hex), "\\x%02x", ch);
+      out += hex;
+    }
+  }
+  return out;
+}
+
+// The value of a raw row without its trailer; Corruption when the checksum does not match.
+Result<std::string_view> CheckedValue(bool checked, Table table, std::string_view key,
+                                      std::string_view row) {
+  if (!checked) return row;
+  if (row.size() < kRowTrailerBytes) {
+    return Status::Corruption("catalog " + RowName(table, key) +
+                              " is damaged (too short for its checksum); run `ckptfs verify`");
+  }
+  std::string_view value = row.substr(0, row.size() - kRowTrailerBytes);
+  if (GetLE<uint64_t>(row.data() + value.size()) != RowChecksum(table, key, value)) {
+    return Status::Corruption("catalog " + RowName(table, key) +
+                              " is damaged (checksum mismatch); run `ckptfs verify`");
+  }
+  return value;
+}
 
 struct Key64 {
   std::byte b[8];
@@ -202,8 +257,23 @@ Result<std::unique_ptr<Catalog>> Catalog::Open(const std::filesystem::path& dir,
       return LmdbError(rc, std::string("open table ") + name);
     }
   }
+  if (present == 0) {  // a new catalog: its raw rows carry checksums from the start
+    std::byte one[8];
+    PutLE<uint64_t>(one, 1);
+    Status st = LmdbPut(txn, c->t_.meta, Val(kRowChecksumsKey, std::strlen(kRowChecksumsKey)),
+                        one, sizeof(one));
+    if (!st.ok()) {
+      mdb_txn_abort(txn);
+      return st;
+    }
+  }
   rc = mdb_txn_commit(txn);
   if (rc != 0) return LmdbError(rc, "commit");
+  {
+    CKPTFS_ASSIGN_OR_RETURN(auto read, c->BeginRead());
+    CKPTFS_ASSIGN_OR_RETURN(uint64_t checksums, read.GetCounter(kRowChecksumsKey));
+    c->t_.row_checksums = checksums != 0;
+  }
   c->reserve_ = std::make_unique<SpaceReserve>(dir / "reserve", reserve_bytes);
   if (Status st = c->reserve_->Refill(); !st.ok()) {
     spdlog::warn("no space reserve: {}; deleting versions on a full disk may fail", st.ToString());
@@ -385,7 +455,11 @@ Result<std::optional<std::string>> Catalog::ReadTxn::Get(Table table, std::strin
   CKPTFS_ASSIGN_OR_RETURN(
       auto v, LmdbGet(txn_, t_.raw[static_cast<int>(table)], Val(key.data(), key.size())));
   if (!v) return std::optional<std::string>();
-  return std::optional<std::string>(std::string(static_cast<const char*>(v->mv_data), v->mv_size));
+  CKPTFS_ASSIGN_OR_RETURN(
+      std::string_view value,
+      CheckedValue(t_.row_checksums, table, key,
+                   std::string_view(static_cast<const char*>(v->mv_data), v->mv_size)));
+  return std::optional<std::string>(std::string(value));
 }
 
 Status Catalog::ReadTxn::ForEach(
@@ -393,17 +467,48 @@ Status Catalog::ReadTxn::ForEach(
     const std::function<bool(std::string_view, std::string_view)>& fn) const {
   std::string start = from > prefix ? std::string(from) : std::string(prefix);
   MDB_val first = Val(start.data(), start.size());
-  return Scan(txn_, t_.raw[static_cast<int>(table)], start.empty() ? nullptr : &first,
-              [&](const MDB_val& k, const MDB_val& v) {
-                std::string_view key(static_cast<const char*>(k.mv_data), k.mv_size);
-                if (key.substr(0, prefix.size()) != prefix) return false;
-                return fn(key, std::string_view(static_cast<const char*>(v.mv_data), v.mv_size));
-              });
+  Status err;
+  Status s = Scan(txn_, t_.raw[static_cast<int>(table)], start.empty() ? nullptr : &first,
+                  [&](const MDB_val& k, const MDB_val& v) {
+                    std::string_view key(static_cast<const char*>(k.mv_data), k.mv_size);
+                    if (key.substr(0, prefix.size()) != prefix) return false;
+                    auto value = CheckedValue(
+                        t_.row_checksums, table, key,
+                        std::string_view(static_cast<const char*>(v.mv_data), v.mv_size));
+                    if (!value.ok()) {
+                      err = value.status();
+                      return false;
+                    }
+                    return fn(key, *value);
+                  });
+  return s.ok() ? err : s;
+}
+
+Status Catalog::ReadTxn::CheckRows(const std::function<void(const Status&)>& damaged) const {
+  if (!t_.row_checksums) return Status::OK();
+  for (int t = 0; t < static_cast<int>(std::size(kRawTableNames)); ++t) {
+    const Table table = static_cast<Table>(t);
+    CKPTFS_RETURN_IF_ERROR(Scan(txn_, t_.raw[t], nullptr, [&](const MDB_val& k, const MDB_val& v) {
+      auto value = CheckedValue(true, table,
+                                std::string_view(static_cast<const char*>(k.mv_data), k.mv_size),
+                                std::string_view(static_cast<const char*>(v.mv_data), v.mv_size));
+      if (!value.ok()) damaged(value.status());
+      return true;
+    }));
+  }
+  return Status::OK();
 }
 
 Status Catalog::WriteTxn::Put(Table table, std::string_view key, std::string_view value) {
-  return LmdbPut(txn_, t_.raw[static_cast<int>(table)], Val(key.data(), key.size()), value.data(),
-                 value.size());
+  if (!t_.row_checksums) {
+    return LmdbPut(txn_, t_.raw[static_cast<int>(table)], Val(key.data(), key.size()),
+                   value.data(), value.size());
+  }
+  std::string row(value);
+  row.resize(value.size() + kRowTrailerBytes);
+  PutLE<uint64_t>(row.data() + value.size(), RowChecksum(table, key, value));
+  return LmdbPut(txn_, t_.raw[static_cast<int>(table)], Val(key.data(), key.size()), row.data(),
+                 row.size());
 }
 
 Status Catalog::WriteTxn::Delete(Table table, std::string_view key) {

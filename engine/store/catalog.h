@@ -12,6 +12,11 @@
 //   inodes, dirents, xattrs             -> rows of the filesystem namespace (engine/namespace/),
 //                                          reached through the raw-bytes Table API below
 //
+// Raw-table rows are checksummed (catalogs created since meta "row_checksums" exists; older
+// catalogs keep unchecked rows): each stored value ends in an XXH3-64 of its table, key and
+// value, checked on every Get and ForEach, so a flipped byte in a key (a file name) or a value
+// is a Corruption error, never another name or value. The trailer is invisible to callers.
+//
 // Keys are big-endian so a cursor walks a content's chunks in offset order and ChunkAt() finds
 // the chunk covering an offset in O(log n). The FUSE namespace and version tables of later
 // issues are further tables in the same environment, committed in the same transactions.
@@ -125,6 +130,7 @@ class Catalog {
   struct Tables {
     MDB_dbi chunks, packs, contents, content_chunks, names, meta;
     MDB_dbi raw[4];  // indexed by Table
+    bool row_checksums = false;  // raw rows end in a checksum (see the top of this file)
   };
   Catalog() = default;
   MDB_env* env_ = nullptr;
@@ -164,8 +170,13 @@ class Catalog::ReadTxn {
   // Raw-bytes tables. Get returns nullopt when absent. ForEach visits keys >= from that start
   // with `prefix`, in byte order; fn returns false to stop.
   Result<std::optional<std::string>> Get(Table table, std::string_view key) const;
+  // Both return Corruption on a row whose checksum does not match (ForEach stops there).
   Status ForEach(Table table, std::string_view prefix, std::string_view from,
                  const std::function<bool(std::string_view key, std::string_view value)>& fn) const;
+  // Checks the checksum of every raw-table row; calls damaged with the Corruption of each bad
+  // one (its message names the table and key). OK with no calls on a catalog without row
+  // checksums.
+  Status CheckRows(const std::function<void(const Status&)>& damaged) const;
 
  protected:
   friend class Catalog;

@@ -1,10 +1,14 @@
 #include "engine/store/catalog.h"
 
 #include <gtest/gtest.h>
+#include <lmdb.h>
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <optional>
+#include <string>
 
 namespace ckptfs {
 namespace {
@@ -119,6 +123,110 @@ TEST_F(CatalogTest, UncommittedWriteIsInvisibleAndCommittedOneSurvivesReopen) {
   EXPECT_EQ(got->offset, 4096u);
   EXPECT_EQ(got->codec, Codec::kLz4);
   EXPECT_EQ(got->refcount, 1u);
+}
+
+// Flips (xor 0x10) every copy of `needle` in the catalog file at its byte `at`; returns how many.
+int FlipInFile(const std::filesystem::path& file, std::string_view needle, size_t at) {
+  std::string data;
+  {
+    std::ifstream in(file, std::ios::binary);
+    data.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  int flipped = 0;
+  for (size_t pos = data.find(needle); pos != std::string::npos; pos = data.find(needle, pos + 1)) {
+    data[pos + at] = static_cast<char>(data[pos + at] ^ 0x10);
+    ++flipped;
+  }
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << data;
+  return flipped;
+}
+
+// Seed 31 of the flip sweep: a flipped byte in a file name (a dirents key) listed the file
+// under the changed name. Raw rows carry a checksum over key and value now.
+TEST_F(CatalogTest, FlippedRawKeyOrValueIsCorruption) {
+  const std::string key = std::string(8, '\1') + "model.pt";
+  {
+    auto txn = *catalog_->BeginWrite();
+    ASSERT_TRUE(txn.Put(Table::kDirents, key, "value-of-the-entry").ok());
+    ASSERT_TRUE(txn.Commit().ok());
+  }
+  {
+    auto txn = *catalog_->BeginRead();
+    auto got = txn.Get(Table::kDirents, key);
+    ASSERT_TRUE(got.ok() && *got);
+    EXPECT_EQ(**got, "value-of-the-entry");  // the trailer is invisible
+    int problems = 0;
+    ASSERT_TRUE(txn.CheckRows([&](const Status&) { ++problems; }).ok());
+    EXPECT_EQ(problems, 0);
+  }
+  catalog_.reset();
+  ASSERT_GT(FlipInFile(dir_ / "data.mdb", "model.pt", 6), 0);  // "model.pt" -> "model.`t"
+  catalog_ = std::move(*Catalog::Open(dir_));
+  auto txn = *catalog_->BeginRead();
+  auto got = txn.Get(Table::kDirents, key);
+  ASSERT_TRUE(got.ok());
+  EXPECT_FALSE(*got);  // the old name is gone ...
+  Status listed = txn.ForEach(Table::kDirents, std::string(8, '\1'), "",
+                              [](auto, auto) { return true; });
+  EXPECT_TRUE(listed.IsCorruption()) << listed.ToString();  // ... and the new one is no name
+  EXPECT_NE(listed.message().find("dirents row 72340172838076673/model.`t"), std::string::npos)
+      << listed.message();
+  std::vector<std::string> problems;
+  ASSERT_TRUE(txn.CheckRows([&](const Status& s) { problems.push_back(s.message()); }).ok());
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_NE(problems[0].find("checksum mismatch"), std::string::npos) << problems[0];
+}
+
+TEST_F(CatalogTest, FlippedRawValueIsCorruption) {
+  {
+    auto txn = *catalog_->BeginWrite();
+    ASSERT_TRUE(txn.Put(Table::kInodes, "inode-key", "attributes-of-the-inode").ok());
+    ASSERT_TRUE(txn.Commit().ok());
+  }
+  catalog_.reset();
+  ASSERT_GT(FlipInFile(dir_ / "data.mdb", "attributes-of-the-inode", 3), 0);
+  catalog_ = std::move(*Catalog::Open(dir_));
+  auto txn = *catalog_->BeginRead();
+  auto got = txn.Get(Table::kInodes, "inode-key");
+  EXPECT_TRUE(got.status().IsCorruption()) << got.status().ToString();
+}
+
+// A catalog from before row checksums (no meta "row_checksums") still opens and reads its
+// rows as they are, and keeps writing them so.
+TEST_F(CatalogTest, CatalogWithoutRowChecksumsStillOpens) {
+  catalog_.reset();
+  {
+    MDB_env* env = nullptr;
+    ASSERT_EQ(mdb_env_create(&env), 0);
+    ASSERT_EQ(mdb_env_set_maxdbs(env, 32), 0);
+    ASSERT_EQ(mdb_env_open(env, dir_.c_str(), MDB_NOTLS, 0600), 0);
+    MDB_txn* txn = nullptr;
+    MDB_dbi meta, dirents;
+    ASSERT_EQ(mdb_txn_begin(env, nullptr, 0, &txn), 0);
+    ASSERT_EQ(mdb_dbi_open(txn, "meta", 0, &meta), 0);
+    ASSERT_EQ(mdb_dbi_open(txn, "dirents", 0, &dirents), 0);
+    std::string k = "row_checksums", rk = "old-key", rv = "old-value";
+    MDB_val key{k.size(), k.data()};
+    ASSERT_EQ(mdb_del(txn, meta, &key, nullptr), 0);
+    MDB_val rkey{rk.size(), rk.data()}, rval{rv.size(), rv.data()};
+    ASSERT_EQ(mdb_put(txn, dirents, &rkey, &rval, 0), 0);  // as an old ckptfs wrote it
+    ASSERT_EQ(mdb_txn_commit(txn), 0);
+    mdb_env_close(env);
+  }
+  auto reopened = Catalog::Open(dir_);
+  ASSERT_TRUE(reopened.ok()) << reopened.status().ToString();
+  catalog_ = std::move(*reopened);
+  {
+    auto txn = *catalog_->BeginWrite();
+    ASSERT_TRUE(txn.Put(Table::kDirents, "new-key", "new-value").ok());
+    ASSERT_TRUE(txn.Commit().ok());
+  }
+  auto txn = *catalog_->BeginRead();
+  EXPECT_EQ(**txn.Get(Table::kDirents, "old-key"), "old-value");
+  EXPECT_EQ(**txn.Get(Table::kDirents, "new-key"), "new-value");
+  int problems = 0;
+  ASSERT_TRUE(txn.CheckRows([&](const Status&) { ++problems; }).ok());
+  EXPECT_EQ(problems, 0);
 }
 
 }  // namespace

@@ -104,6 +104,10 @@ class FlipTest(unittest.TestCase):
             if p.returncode != 0:
                 out[v] = False
                 continue
+            names = sorted(os.path.relpath(os.path.join(d, f), dest)
+                           for d, _, fs in os.walk(dest) for f in fs)
+            expected = sorted(rel[len(v) + 1:] for rel in self.files if rel.startswith(v + "/"))
+            self.assertEqual(names, expected, "SILENT corruption: %s restored other names" % v)
             for rel, data in self.files.items():
                 if rel.startswith(v + "/"):
                     got = mounted.read_file(os.path.join(dest, rel[len(v) + 1:]))
@@ -190,6 +194,32 @@ class FlipTest(unittest.TestCase):
             self.assertClean("catalog offset %d" % (at + 2))
             at = data.find(size, at + 1)
         self.assertGreater(refused, 0, "no flip reached a live inode row")
+        self.assertEqual(detected, refused, "verify and restore disagree")
+
+    def test_flipped_file_name_is_an_error(self):
+        # Found by the sweep (seed 31): a flip in a file name (a directory entry's key) restored
+        # the file under the changed name with exit 0 and verify clean. Namespace rows carry a
+        # checksum now: every place the catalog holds the name is flipped in turn.
+        catalog = os.path.join(self.store, "catalog", "data.mdb")
+        with open(catalog, "rb") as f:
+            data = f.read()
+        at = data.find(b"model.pt")
+        refused = detected = 0
+        while at >= 0:
+            flip(catalog, at + 6)  # "model.pt" -> "model.`t"
+            try:
+                rc, report = self.verify("catalog offset %d" % (at + 6))
+                restored = self.restore_all()  # fails the test on other names or bytes
+            finally:
+                flip(catalog, at + 6)
+            if not all(restored.values()):
+                refused += 1
+                self.assertTrue(report and any("model.`t" in p for p in report["problems"]),
+                                "verify does not name the damaged row: %s" % report)
+            detected += rc != 0
+            self.assertClean("catalog offset %d" % (at + 6))
+            at = data.find(b"model.pt", at + 1)
+        self.assertGreater(refused, 0, "no flip reached a live directory entry")
         self.assertEqual(detected, refused, "verify and restore disagree")
 
 
