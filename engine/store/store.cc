@@ -218,58 +218,11 @@ Result<std::unique_ptr<Store>> Store::Open(const std::filesystem::path& dir,
 }
 
 Status Store::Recover() {
-  std::map<uint32_t, PackRow> rows;
-  {
-    CKPTFS_ASSIGN_OR_RETURN(auto txn, catalog_->BeginRead());
-    CKPTFS_RETURN_IF_ERROR(txn.ForEachPack([&](uint32_t id, const PackRow& row) {
-      rows[id] = row;
-      return true;
-    }));
-  }
-  uint32_t max_id = 0;
-  std::error_code ec;
-  for (std::filesystem::directory_iterator dir(dir_ / "packs", ec), end; !ec && dir != end;
-       dir.increment(ec)) {
-    const auto& entry = *dir;
-    uint32_t id;
-    if (!ParsePackFileName(entry.path().filename().string(), &id)) continue;
-    max_id = std::max(max_id, id);
-    auto it = rows.find(id);
-    if (it == rows.end()) {
-      // Created, but no commit ever referred to it (or gc deleted it and crashed before unlink).
-      spdlog::info("removing pack {}: no committed record refers to it", entry.path().string());
-      CKPTFS_RETURN_IF_ERROR(DeletePackFile(id));
-      continue;
-    }
-    CKPTFS_ASSIGN_OR_RETURN(FileDescriptor fd, OpenFile(entry.path(), O_RDWR));
-    CKPTFS_ASSIGN_OR_RETURN(uint64_t size, FileSize(fd.get(), entry.path()));
-    if (size > it->second.committed) {
-      spdlog::info("cutting the uncommitted tail of pack {}: {} -> {} bytes", entry.path().string(),
-                   size, it->second.committed);
-      if (::ftruncate(fd.get(), static_cast<off_t>(it->second.committed)) != 0) {
-        return Status::FromErrno(errno, "truncate " + entry.path().string());
-      }
-      CKPTFS_RETURN_IF_ERROR(DataSync(fd.get(), entry.path()));
-    } else if (size < it->second.committed) {
-      spdlog::error(
-          "pack {} is shorter than its committed length ({} < {}): records past the "
-          "end are lost; run `ckptfs verify`",
-          entry.path().string(), size, it->second.committed);
-    }
-  }
-  if (ec) return Status::IOError("list " + (dir_ / "packs").string() + ": " + ec.message());
-  for (const auto& [id, row] : rows) max_id = std::max(max_id, id);
-
-  std::optional<PackExtent> resume;
-  if (!rows.empty()) {
-    auto last = rows.rbegin();
-    std::error_code size_ec;
-    auto size = std::filesystem::file_size(PackPath(last->first), size_ec);
-    if (!size_ec && size == last->second.committed) resume = PackExtent{last->first, size};
-  }
+  CKPTFS_ASSIGN_OR_RETURN(RecoveredPacks packs, RecoverPacks());
   PackWriter::Options popts{options_.pack_target_bytes, options_.use_io_uring,
                             PackQueueBytes(options_.inflight_bytes)};
-  CKPTFS_ASSIGN_OR_RETURN(packs_, PackWriter::Open(dir_ / "packs", popts, resume, max_id + 1));
+  CKPTFS_ASSIGN_OR_RETURN(packs_,
+                          PackWriter::Open(dir_ / "packs", popts, packs.resume, packs.next_id));
   return Status::OK();
 }
 

@@ -293,7 +293,14 @@ class Store {
     bool cache = false;  // keep the raw bytes in the cache (the next version's delta base)
   };
   Store(std::filesystem::path dir, const StoreOptions& options);
+  // Cuts the packs' uncommitted tails and removes packs no commit refers to (recover.cc),
+  // then opens the pack writer.
   Status Recover();
+  struct RecoveredPacks {
+    std::optional<PackExtent> resume;  // the last pack, when appending may go on there
+    uint32_t next_id = 1;              // above every pack file and row
+  };
+  Result<RecoveredPacks> RecoverPacks();
   // Stores `raw` (unless present) and pins its row until Unpin; returns the row to reference.
   Result<ChunkRow> PutChunk(const ChunkId& id, Buffer raw, const PieceHint& hint);
   // Pins a chunk that is stored (committed or pinned); nullopt when it is not.

@@ -11,6 +11,9 @@ Result<VerifyReport> Store::Verify(const ProgressFn& progress) const {
   VerifyReport report;
   std::shared_lock gc(gc_mu_);
   CKPTFS_ASSIGN_OR_RETURN(auto txn, catalog_->BeginRead());
+  // Namespace rows (inodes, directory entries, xattrs, content layouts) against their checksums.
+  CKPTFS_RETURN_IF_ERROR(
+      txn.CheckRows([&](const Status& s) { report.problems.push_back(s.message()); }));
 
   // References, recounted from the contents.
   std::unordered_map<ChunkId, uint64_t> refs;
@@ -88,6 +91,12 @@ Result<VerifyReport> Store::Verify(const ProgressFn& progress) const {
       report.problems.push_back(where + ": chunk " + id.ShortHex() + " is in a pack the " +
                                 "catalog does not know");
       continue;
+    }
+    if (row.offset + row.length > packs[row.pack_id].committed) {
+      report.problems.push_back(where + ": chunk " + id.ShortHex() + " lies past the pack's " +
+                                "committed length " + std::to_string(packs[row.pack_id].committed) +
+                                " (a damaged pack row, or the chunk row is)");
+      report.damaged.emplace_back(id, report.problems.back());
     }
     if (IsDelta(row.transform)) {
       auto base = rows.find(row.base);

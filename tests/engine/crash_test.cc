@@ -3,6 +3,8 @@
 // CrashTest kills (SIGKILL) a child process that writes contents in a loop, in the middle of a
 // large write, several times over the same store. TornTailTest damages the uncommitted tail of
 // a pack the way an interrupted write would: cut mid-record, garbage, a partial record.
+// FlippedPackRowTest damages a pack's catalog row instead: the store's open must neither cut
+// committed records off nor delete the pack on the word of that one row.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -269,6 +271,57 @@ INSTANTIATE_TEST_SUITE_P(Tails, TornTailTest,
                                            Damage::kPartialRecord),
                          [](const ::testing::TestParamInfo<Damage>& info) {
                            return std::string(NameOf(info.param));
+                         });
+
+// How a flipped byte damages a pack row.
+enum class RowFlip { kCommittedLength, kPackId };
+
+class FlippedPackRowTest : public ::testing::TestWithParam<RowFlip> {};
+
+TEST_P(FlippedPackRowTest, OpenNeitherCutsNorDeletesCommittedRecords) {
+  TempDir dir("flipped-row");
+  const std::vector<std::byte> kept = PatternBytes(6, 0, 6 * kMiB + 99);
+  ContentId kept_id = 0;
+  uint32_t pack_id = 0;
+  uint64_t committed = 0;
+  {
+    auto store = OpenStore(dir.path());
+    ASSERT_TRUE(store);
+    ASSERT_OK_AND_ASSIGN(kept_id, WriteContent(*store, kept));
+    ASSERT_OK_AND_ASSIGN(auto txn, store->catalog().BeginRead());
+    ASSERT_OK(txn.ForEachPack([&](uint32_t id, const PackRow& row) {
+      pack_id = id;
+      committed = row.committed;
+      return true;
+    }));
+  }
+  {
+    auto catalog = Catalog::Open(dir.path() / "catalog");
+    ASSERT_OK(catalog.status());
+    ASSERT_OK((*catalog)->Update(Catalog::SpaceUse::kNormal, [&](Catalog::WriteTxn& txn) {
+      if (GetParam() == RowFlip::kCommittedLength) {
+        // The top bit of the length flipped: the row now ends in the middle of the records.
+        return txn.PutPack(pack_id, PackRow{committed ^ (uint64_t{1} << (63 - __builtin_clzll(
+                                                                          committed)))});
+      }
+      CKPTFS_RETURN_IF_ERROR(txn.DeletePack(pack_id));  // the key flipped: another pack's row
+      return txn.PutPack(pack_id ^ 0x10, PackRow{committed});
+    }));
+  }
+  const auto pack = dir.path() / "packs" / PackFileName(pack_id);
+  auto store = OpenStore(dir.path());
+  ASSERT_TRUE(store);
+  ASSERT_TRUE(std::filesystem::exists(pack)) << "the pack was deleted";
+  EXPECT_EQ(std::filesystem::file_size(pack), committed) << "the pack was cut";
+  EXPECT_TRUE(ContentEquals(*store, kept_id, kept));
+  EXPECT_FALSE(VerifyClean(*store)) << "verify does not see the damaged row";
+}
+
+INSTANTIATE_TEST_SUITE_P(Flips, FlippedPackRowTest,
+                         ::testing::Values(RowFlip::kCommittedLength, RowFlip::kPackId),
+                         [](const ::testing::TestParamInfo<RowFlip>& info) {
+                           return std::string(info.param == RowFlip::kPackId ? "PackId"
+                                                                             : "CommittedLength");
                          });
 
 }  // namespace
