@@ -264,6 +264,16 @@ int main(int argc, char** argv) {
                     "with s3://: the S3 endpoint URL (default: AWS_ENDPOINT_URL)");
   mount->add_option("--node", margs.node,
                     "with s3://: the name this node publishes under (default: the host name)");
+  double remote_poll = 5;
+  mount->add_option("--rank", margs.rank,
+                    "with s3:// and --world-size: this node's rank; its sealed versions are "
+                    "published as that rank's part (docs/scale-out.md)");
+  mount->add_option("--world-size", margs.world_size,
+                    "with s3://: the ranks of a version; a version shows on every mount once all "
+                    "have published their part (0: this node reads versions, writes no parts)");
+  mount->add_option("--remote-poll", remote_poll,
+                    "with s3://: seconds between looks at the bucket for versions of other nodes")
+      ->capture_default_str();
   mount->add_flag("-f,--foreground", margs.foreground, "stay in the foreground, log to stderr");
   mount->add_option("--cache-size", cache_size, "decoded-chunk cache, e.g. 128M, 4G, 1T")
       ->capture_default_str();
@@ -436,9 +446,17 @@ int main(int argc, char** argv) {
       }
       margs.s3_location = margs.store;
       margs.store = cache_dir;
-    } else if (!cache_dir.empty() || !margs.s3_endpoint.empty() || !margs.node.empty()) {
-      return Fail(Status::InvalidArgument("--cache-dir, --endpoint and --node are for s3:// "
-                                          "stores"));
+      if (margs.world_size < 0 || margs.rank < 0 ||
+          (margs.world_size > 0 && margs.rank >= margs.world_size) || !(remote_poll > 0)) {
+        return Fail(Status::InvalidArgument("--rank must lie in [0, --world-size) and "
+                                            "--remote-poll be positive"),
+                    "e.g. `--rank 1 --world-size 4 --remote-poll 5`");
+      }
+      margs.remote_poll = std::chrono::milliseconds(static_cast<int64_t>(remote_poll * 1000));
+    } else if (!cache_dir.empty() || !margs.s3_endpoint.empty() || !margs.node.empty() ||
+               margs.world_size != 0) {
+      return Fail(Status::InvalidArgument("--cache-dir, --endpoint, --node and --world-size "
+                                          "are for s3:// stores"));
     }
     if (margs.foreground) spdlog::set_level(spdlog::level::info);
     return Mount(margs);

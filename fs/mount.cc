@@ -34,6 +34,7 @@
 #include "engine/namespace/retention.h"
 #include "engine/objstore/bucket_mirror.h"
 #include "engine/objstore/remote_packs.h"
+#include "engine/objstore/remote_versions.h"
 #include "engine/objstore/s3_client.h"
 #include "engine/store/store.h"
 #include "engine/util/thread_role.h"
@@ -158,7 +159,7 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
   // An S3 store: this node's cache is filled from the bucket first if it holds no store.
   std::unique_ptr<objstore::S3Client> s3;
   std::optional<objstore::S3Location> s3_location;
-  std::shared_ptr<objstore::RemotePacks> remote_packs;  // null: every record is local
+  std::shared_ptr<objstore::RemotePacks> remote_packs;  // records read from the bucket
   std::string node = args.node;
   if (!args.s3_location.empty()) {
     auto opened = OpenS3(args, &node);
@@ -186,7 +187,8 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
   // Declared before the filesystem, so that the filesystem's last Sync can still publish.
   std::unique_ptr<objstore::BucketMirror> mirror;
   if (s3) {
-    auto opened = objstore::BucketMirror::Open(s3.get(), *s3_location, node, store->get());
+    auto opened = objstore::BucketMirror::Open(s3.get(), *s3_location, node, store->get(),
+                                               remote_packs.get());
     if (!opened.ok()) {
       ready.Report("cannot read this node's manifests in " + args.s3_location + ": " +
                    opened.status().ToString());
@@ -229,6 +231,14 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
   if (!fs.ok()) {
     ready.Report(fs.status().ToString());
     return 1;
+  }
+  // Versions of other nodes, and this node's parts of its own (remote_versions.h); stopped
+  // before the filesystem.
+  std::unique_ptr<objstore::RemoteVersions> versions;
+  if (mirror) {
+    versions = objstore::RemoteVersions::Start(
+        s3.get(), mirror.get(), store->get(), fs->get(), remote_packs.get(),
+        {args.rank, args.world_size, args.remote_poll});
   }
   // MNT/.ckptfs/stats: what `ckptfs stats --json` says of a mounted store (admin.h).
   (*fs)->SetLiveStats([served = fs->get(), st = store->get(),
@@ -360,6 +370,7 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
   // it short: systemd sends SIGTERM to what is left of a .mount unit once umount(8) returned.
   for (int sig : {SIGTERM, SIGINT, SIGHUP}) std::signal(sig, SIG_IGN);
   spdlog::info("unmounted {}; committing open files", args.mountpoint);
+  versions.reset();
   metrics.reset();
   control->reset();  // abandons versions not yet complete
   fs->reset();       // commits everything close() accepted

@@ -52,6 +52,12 @@ struct MountArgs {
   std::string s3_location;
   std::string s3_endpoint;  // empty: AWS_ENDPOINT_URL or the profile's endpoint_url
   std::string node;         // names this node's manifests; empty: the host name
+  // Versions across nodes (engine/objstore/remote_versions.h): this node's rank among
+  // world_size (0: it writes no version parts), and how often the bucket is polled for
+  // versions that every rank committed.
+  int rank = 0;
+  int world_size = 0;
+  std::chrono::milliseconds remote_poll{std::chrono::seconds(5)};
 };
 
 // Returns the process exit status.

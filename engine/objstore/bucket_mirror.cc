@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/objstore/remote_packs.h"
+#include "engine/objstore/remote_versions.h"
 #include "engine/objstore/sigv4.h"
 #include "engine/store/catalog.h"
 #include "engine/store/record.h"
@@ -132,6 +133,32 @@ std::string BucketMirror::ManifestKey(const S3Location& loc, const std::string& 
   return ManifestPrefix(loc, node) + num;
 }
 
+Result<BucketMirror::Publication> BucketMirror::ReadPublication(S3Client& s3,
+                                                                const S3Location& loc,
+                                                                const std::string& node,
+                                                                uint64_t seq) {
+  const std::string key = ManifestKey(loc, node, seq);
+  CKPTFS_ASSIGN_OR_RETURN(nlohmann::json manifest, ReadManifest(s3, loc, key));
+  Publication pub;
+  pub.image_sha256 = manifest["catalog"].value("sha256", "");
+  for (const auto& [file, segments] : manifest["packs"].items()) {
+    std::vector<PackSegment>& segs = pub.packs[file];
+    for (const auto& seg : segments) {
+      if (!seg.is_array() || seg.size() != 3) {
+        return Status::Corruption("manifest " + key + " has a malformed segment");
+      }
+      segs.push_back({seg.at(0).get<uint64_t>(), seg.at(1).get<uint64_t>(),
+                      seg.at(2).get<std::string>()});
+    }
+  }
+  return pub;
+}
+
+Result<Buffer> BucketMirror::GetObject(S3Client& s3, const S3Location& loc,
+                                       const std::string& sha256) {
+  return GetBlob(s3, loc, sha256);
+}
+
 Status BucketMirror::InitBucket(S3Client& s3, const S3Location& loc,
                                 const fs::path& local_store) {
   CKPTFS_RETURN_IF_ERROR(s3.CreateBucket(loc.bucket));
@@ -208,18 +235,25 @@ Status BucketMirror::Restore(S3Client& s3, const S3Location& loc, const std::str
 }
 
 BucketMirror::BucketMirror(S3Client* s3, S3Location loc, std::string node, Store* store,
-                           uint64_t segment_bytes)
+                           const RemotePacks* remote, uint64_t segment_bytes)
     : s3_(s3),
       loc_(std::move(loc)),
       node_(std::move(node)),
       store_(store),
+      remote_(remote),
       segment_bytes_(segment_bytes) {}
+
+uint64_t BucketMirror::published_seq() {
+  MutexLock run(run_mu_);
+  return seq_;
+}
 
 Result<std::unique_ptr<BucketMirror>> BucketMirror::Open(S3Client* s3, S3Location loc,
                                                          std::string node, Store* store,
+                                                         const RemotePacks* remote,
                                                          uint64_t segment_bytes) {
   std::unique_ptr<BucketMirror> m(
-      new BucketMirror(s3, std::move(loc), std::move(node), store, segment_bytes));
+      new BucketMirror(s3, std::move(loc), std::move(node), store, remote, segment_bytes));
   MutexLock run(m->run_mu_);
   CKPTFS_ASSIGN_OR_RETURN(std::optional<std::string> newest,
                           NewestManifestKey(*s3, m->loc_, m->node_));
@@ -344,6 +378,17 @@ Status BucketMirror::UploadPacks(const std::map<std::string, uint64_t>& lengths,
                                  std::vector<Range>* uploaded) {
   std::vector<Range> tasks;
   for (const auto& [file, length] : lengths) {
+    uint32_t pack_id = 0;
+    if (remote_ && packs_[file].empty() && ParsePackFileName(file, &pack_id)) {
+      // A pack of another node's (an imported version's records): its segments are in the
+      // bucket; a manifest names them (which keeps them from gc), and only bytes this node
+      // appended past them are uploaded.
+      std::vector<Segment> theirs = remote_->Segments(pack_id);
+      if (!theirs.empty()) {
+        packs_[file] = std::move(theirs);
+        uploaded_since_ = true;
+      }
+    }
     const std::vector<Segment>& segs = packs_[file];
     uint64_t have = segs.empty() ? 0 : segs.back().offset + segs.back().length;
     for (uint64_t off = have; off < length; off += segment_bytes_) {
@@ -449,13 +494,18 @@ Result<BucketGcReport> BucketMirror::CollectGarbage(S3Client& s3, const S3Locati
     if (cut == std::string::npos || m.key.find("/manifests/") == std::string::npos) continue;
     by_node[m.key.substr(0, cut)].push_back(std::move(m));
   }
+  // Manifests a version part names (remote_versions.h): what a mount adding that version
+  // reads, kept however old.
+  std::set<std::string> pinned;
+  CKPTFS_ASSIGN_OR_RETURN(std::vector<VersionPart> parts, RemoteVersions::ListParts(s3, loc));
+  for (const VersionPart& p : parts) pinned.insert(ManifestKey(loc, p.node, p.seq));
   std::set<std::string> live;  // object keys
   std::vector<ObjectEntry> doomed_manifests;
   for (auto& [node, list] : by_node) {
     std::sort(list.begin(), list.end(),
               [](const ObjectEntry& a, const ObjectEntry& b) { return a.key > b.key; });
     for (size_t i = 0; i < list.size(); ++i) {
-      if (i >= keep && list[i].last_modified <= cutoff) {
+      if (i >= keep && list[i].last_modified <= cutoff && pinned.count(list[i].key) == 0) {
         doomed_manifests.push_back(list[i]);
         continue;
       }

@@ -91,27 +91,45 @@ class BucketMirror {
   static Status Restore(S3Client& s3, const S3Location& loc, const std::string& node,
                         const std::filesystem::path& cache_dir);
   // REQUIRES: store is open on the directory Restore filled, and outlives the mirror.
+  // `remote` (may be null): the store's remote packs; a publication names their segments
+  // (the bucket holds them) instead of uploading the local sparse files.
   static Result<std::unique_ptr<BucketMirror>> Open(S3Client* s3, S3Location loc,
                                                     std::string node, Store* store,
+                                                    const RemotePacks* remote = nullptr,
                                                     uint64_t segment_bytes = kDefaultSegmentBytes);
 
   Status Publish();
+  // The newest manifest this mirror wrote or found (0: none). After Publish() returned OK, it
+  // holds every content committed before that call.
+  uint64_t published_seq();
+  const S3Location& location() const { return loc_; }
+  const std::string& node() const { return node_; }
 
-  // Mark and sweep over the bucket: keeps each node's newest keep_manifests manifests and
-  // every manifest younger than the grace period, deletes the other manifests, then every
+  // Mark and sweep over the bucket: keeps each node's newest keep_manifests manifests, every
+  // manifest a version part names (remote_versions.h) and every manifest younger than the
+  // grace period, deletes the other manifests, then every
   // object that no kept manifest names and that is older than the grace period, and aborts
   // incomplete multipart uploads older than it. Safe with nodes publishing meanwhile, as long
   // as no upload takes longer than the grace period.
   static Result<BucketGcReport> CollectGarbage(S3Client& s3, const S3Location& loc,
                                                const BucketGcOptions& options);
   MirrorStats stats() const;
+  // What a manifest names: its catalog image and, per pack file, its segments.
+  struct Publication {
+    std::string image_sha256;
+    std::map<std::string, std::vector<PackSegment>> packs;
+  };
+  static Result<Publication> ReadPublication(S3Client& s3, const S3Location& loc,
+                                             const std::string& node, uint64_t seq);
+  // An object named by its SHA-256 (objects/<sha256>), checked against its name.
+  static Result<Buffer> GetObject(S3Client& s3, const S3Location& loc, const std::string& sha256);
   // The key of `node`'s manifest number `seq` under loc.
   static std::string ManifestKey(const S3Location& loc, const std::string& node, uint64_t seq);
 
  private:
   using Segment = PackSegment;
   BucketMirror(S3Client* s3, S3Location loc, std::string node, Store* store,
-               uint64_t segment_bytes);
+               const RemotePacks* remote, uint64_t segment_bytes);
   // One publication. REQUIRES: run_mu_ held.
   Status PublishNow() REQUIRES(run_mu_);
   struct Range {
@@ -134,6 +152,7 @@ class BucketMirror {
   const S3Location loc_;
   const std::string node_;
   Store* const store_;
+  const RemotePacks* const remote_;
   const uint64_t segment_bytes_;
 
   mutable Mutex mu_;

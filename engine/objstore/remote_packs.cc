@@ -48,7 +48,10 @@ Result<std::shared_ptr<RemotePacks>> RemotePacks::Open(S3Client* s3, S3Location 
                                                        RemotePacksOptions options) {
   const fs::path path = cache_dir / kFileName;
   std::error_code ec;
-  if (!fs::exists(path, ec)) return std::shared_ptr<RemotePacks>();
+  if (!fs::exists(path, ec)) {
+    return std::shared_ptr<RemotePacks>(
+        new RemotePacks(s3, std::move(loc), cache_dir, {}, options));
+  }
   CKPTFS_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(path));
   nlohmann::json doc = nlohmann::json::parse(text, nullptr, false);
   auto bad = [&](const std::string& why) {
@@ -79,14 +82,18 @@ Result<std::shared_ptr<RemotePacks>> RemotePacks::Open(S3Client* s3, S3Location 
     }
   }
   std::shared_ptr<RemotePacks> remote(
-      new RemotePacks(s3, std::move(loc), std::move(packs), options));
+      new RemotePacks(s3, std::move(loc), cache_dir, std::move(packs), options));
   return remote;
 }
 
-RemotePacks::RemotePacks(S3Client* s3, S3Location loc,
+RemotePacks::RemotePacks(S3Client* s3, S3Location loc, fs::path cache_dir,
                          std::map<uint32_t, std::vector<PackSegment>> packs,
                          RemotePacksOptions options)
-    : s3_(s3), loc_(std::move(loc)), packs_(std::move(packs)), options_(options) {
+    : s3_(s3),
+      loc_(std::move(loc)),
+      cache_dir_(std::move(cache_dir)),
+      options_(options),
+      packs_(std::move(packs)) {
   for (int i = 0; i < std::max(1, options_.fetch_threads); ++i) {
     threads_.emplace_back([this] { FetchLoop(); });
   }
@@ -106,18 +113,38 @@ uint64_t RemotePacks::held_bytes() const {
   return held_;
 }
 
-const PackSegment* RemotePacks::SegmentAt(uint32_t pack_id, uint64_t offset) const {
+Status RemotePacks::AddPacks(const std::map<uint32_t, std::vector<PackSegment>>& packs) {
+  MutexLock lock(packs_mu_);
+  std::map<uint32_t, std::vector<PackSegment>> all = packs_;
+  for (const auto& [id, segs] : packs) all[id] = segs;
+  std::map<std::string, std::vector<PackSegment>> by_name;
+  for (const auto& [id, segs] : all) by_name[PackFileName(id)] = segs;
+  CKPTFS_RETURN_IF_ERROR(Record(cache_dir_, by_name));
+  packs_ = std::move(all);
+  return Status::OK();
+}
+
+std::vector<PackSegment> RemotePacks::Segments(uint32_t pack_id) const {
+  MutexLock lock(packs_mu_);
   auto it = packs_.find(pack_id);
-  if (it == packs_.end()) return nullptr;
+  return it == packs_.end() ? std::vector<PackSegment>() : it->second;
+}
+
+std::optional<PackSegment> RemotePacks::SegmentAt(uint32_t pack_id, uint64_t offset) const {
+  MutexLock lock(packs_mu_);
+  auto it = packs_.find(pack_id);
+  if (it == packs_.end()) return std::nullopt;
   const std::vector<PackSegment>& segs = it->second;
   auto seg = std::upper_bound(segs.begin(), segs.end(), offset,
                               [](uint64_t off, const PackSegment& s) { return off < s.offset; });
-  if (seg == segs.begin()) return nullptr;
+  if (seg == segs.begin()) return std::nullopt;
   --seg;
-  return offset < seg->offset + seg->length ? &*seg : nullptr;
+  if (offset >= seg->offset + seg->length) return std::nullopt;
+  return *seg;
 }
 
 bool RemotePacks::Holds(uint32_t pack_id, uint64_t offset, uint64_t length) const {
+  MutexLock lock(packs_mu_);
   auto it = packs_.find(pack_id);
   if (it == packs_.end() || it->second.empty()) return false;
   const PackSegment& last = it->second.back();
@@ -190,8 +217,8 @@ Status RemotePacks::Read(uint32_t pack_id, uint64_t offset, MutableBytes header,
       }
     }
     // Not prefetched: a ranged GET up to the segment's end or the next run, whichever first.
-    const PackSegment* seg = SegmentAt(pack_id, pos);
-    if (seg == nullptr) {
+    const std::optional<PackSegment> seg = SegmentAt(pack_id, pos);
+    if (!seg) {
       return Status::Corruption("the bucket's segments of pack " + PackFileName(pack_id) +
                                 " do not hold offset " + std::to_string(pos));
     }
@@ -233,22 +260,23 @@ void RemotePacks::WillNeed(std::vector<RecordRange> records) const {
     return std::tie(a.pack_id, a.offset) < std::tie(b.pack_id, b.offset);
   });
   struct Planned {
-    const PackSegment* seg = nullptr;
+    PackSegment seg;
     uint32_t pack = 0;
     uint64_t begin = 0, end = 0, bytes = 0;
   };
   std::vector<Planned> plan;
   MutexLock lock(mu_);
   for (const RecordRange& r : records) {
-    const PackSegment* seg = SegmentAt(r.pack_id, r.offset);
+    const std::optional<PackSegment> seg = SegmentAt(r.pack_id, r.offset);
     // A record that spans two segments is read directly when it is needed.
-    if (seg == nullptr || r.offset + r.length > seg->offset + seg->length ||
+    if (!seg || r.offset + r.length > seg->offset + seg->length ||
         Covered(r.pack_id, r.offset, r.offset + r.length)) {
       continue;
     }
     if (!plan.empty()) {
       Planned& cur = plan.back();
-      if (cur.seg == seg && r.offset >= cur.end && r.offset - cur.end <= kRunGap &&
+      if (cur.seg.offset == seg->offset && cur.seg.sha256 == seg->sha256 &&
+          r.offset >= cur.end && r.offset - cur.end <= kRunGap &&
           r.offset + r.length - cur.begin <= options_.run_bytes &&
           !Covered(r.pack_id, cur.end, r.offset + r.length)) {
         cur.end = r.offset + r.length;
@@ -256,7 +284,7 @@ void RemotePacks::WillNeed(std::vector<RecordRange> records) const {
         continue;
       }
     }
-    plan.push_back({seg, r.pack_id, r.offset, r.offset + r.length, r.length});
+    plan.push_back({*seg, r.pack_id, r.offset, r.offset + r.length, r.length});
   }
   // Read-ahead: a checkpoint's records lie in its pack in the order they are read, so the
   // pack bytes after the window are fetched too (up to read_ahead_bytes past it, in runs,
@@ -266,8 +294,8 @@ void RemotePacks::WillNeed(std::vector<RecordRange> records) const {
     const uint32_t pack = last.pack_id;
     const uint64_t limit = last.offset + last.length + options_.read_ahead_bytes;
     for (uint64_t pos = last.offset + last.length; pos < limit;) {
-      const PackSegment* seg = SegmentAt(pack, pos);
-      if (seg == nullptr) break;  // the end of the pack
+      const std::optional<PackSegment> seg = SegmentAt(pack, pos);
+      if (!seg) break;  // the end of the pack
       uint64_t stop = std::min({limit, seg->offset + seg->length, pos + options_.run_bytes});
       auto next = runs_.upper_bound({pack, pos});
       if (Covered(pack, pos, pos + 1)) {  // skip to where that run ends
@@ -277,7 +305,7 @@ void RemotePacks::WillNeed(std::vector<RecordRange> records) const {
       if (next != runs_.end() && next->first.first == pack) {
         stop = std::min(stop, next->first.second);
       }
-      plan.push_back({seg, pack, pos, stop, stop - pos});
+      plan.push_back({*seg, pack, pos, stop, stop - pos});
       pos = stop;
     }
   }
@@ -306,9 +334,9 @@ void RemotePacks::FetchLoop() const {
       continue;
     }
     lock.Unlock();
-    Fetched got = FetchRun(*job.seg, job.begin, job.end);
+    Fetched got = FetchRun(job.seg, job.begin, job.end);
     if (!got.ok()) {
-      spdlog::warn("prefetch of segment {} (pack bytes {}-{}): {}", job.seg->sha256, job.begin,
+      spdlog::warn("prefetch of segment {} (pack bytes {}-{}): {}", job.seg.sha256, job.begin,
                    job.end, got.status().ToString());
     }
     job.done->set_value(std::move(got));

@@ -29,6 +29,7 @@
 #include <filesystem>
 #include <future>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -67,12 +68,20 @@ class RemotePacks final : public RemoteRecords {
   // synced. REQUIRES: called before the cache's ckptfs.json is written.
   static Status Record(const std::filesystem::path& cache_dir,
                        const std::map<std::string, std::vector<PackSegment>>& packs);
-  // The remote packs of the cache at cache_dir; null when it has no kFileName (a cache that
+  // The remote packs of the cache at cache_dir (none when it has no kFileName: a cache that
   // holds every record). REQUIRES: s3 outlives the result.
   static Result<std::shared_ptr<RemotePacks>> Open(S3Client* s3, S3Location loc,
                                                    const std::filesystem::path& cache_dir,
                                                    RemotePacksOptions options = {});
   ~RemotePacks() override;
+
+  // Adds packs (local pack id -> segments, contiguous from 0; another node's packs that an
+  // imported version's records lie in, remote_versions.h) and records them in
+  // cache_dir/kFileName, synced, before it returns. An id named before is replaced (its pack
+  // file was deleted, and the caller has just created a new one with that id).
+  Status AddPacks(const std::map<uint32_t, std::vector<PackSegment>>& packs);
+  // The segments of a pack (empty when it is not remote).
+  std::vector<PackSegment> Segments(uint32_t pack_id) const;
 
   bool Holds(uint32_t pack_id, uint64_t offset, uint64_t length) const override;
   Status Read(uint32_t pack_id, uint64_t offset, MutableBytes header,
@@ -93,10 +102,10 @@ class RemotePacks final : public RemoteRecords {
     uint64_t unread = 0;  // bytes of records not read from it yet
     uint64_t order = 0;   // when it was started (eviction: oldest first)
   };
-  RemotePacks(S3Client* s3, S3Location loc, std::map<uint32_t, std::vector<PackSegment>> packs,
-              RemotePacksOptions options);
-  // The segment of `pack_id` that holds `offset`, or null.
-  const PackSegment* SegmentAt(uint32_t pack_id, uint64_t offset) const;
+  RemotePacks(S3Client* s3, S3Location loc, std::filesystem::path cache_dir,
+              std::map<uint32_t, std::vector<PackSegment>> packs, RemotePacksOptions options);
+  // The segment of `pack_id` that holds `offset`, or nullopt.
+  std::optional<PackSegment> SegmentAt(uint32_t pack_id, uint64_t offset) const;
   // Bytes [offset, offset + out.size()) of the segment, one ranged GET.
   Status Fetch(const PackSegment& seg, uint64_t offset, MutableBytes out) const;
   Fetched FetchRun(const PackSegment& seg, uint64_t begin, uint64_t end) const;
@@ -108,8 +117,10 @@ class RemotePacks final : public RemoteRecords {
 
   S3Client* const s3_;
   const S3Location loc_;
-  const std::map<uint32_t, std::vector<PackSegment>> packs_;  // sorted by offset
+  const std::filesystem::path cache_dir_;
   const RemotePacksOptions options_;
+  mutable Mutex packs_mu_;  // lock order: mu_, then packs_mu_
+  std::map<uint32_t, std::vector<PackSegment>> packs_ GUARDED_BY(packs_mu_);  // by offset
 
   mutable Mutex mu_;
   // (pack, begin) -> run; runs do not overlap.
@@ -117,7 +128,7 @@ class RemotePacks final : public RemoteRecords {
   mutable uint64_t held_ GUARDED_BY(mu_) = 0;
   mutable uint64_t next_order_ GUARDED_BY(mu_) = 0;
   struct Job {
-    const PackSegment* seg;
+    PackSegment seg;
     uint64_t begin, end;  // within the pack
     std::shared_ptr<std::promise<Fetched>> done;
   };

@@ -40,7 +40,8 @@ class S3Mount(mounted.Mount):
         assert not mounted.is_mounted(self.mnt)
         try:
             mounted.ckptfs("mount", self.location, self.mnt, "--cache-dir", self.store,
-                           "--node", self.node, "--seal-after", "0", timeout=120)
+                           "--node", self.node, "--seal-after", "0", *(options or []),
+                           timeout=120)
             self.pid = int(os.getxattr(self.mnt, "user.ckptfs.pid"))
             with open(mounted._daemon_pid_file(self.mnt), "w") as f:
                 f.write(str(self.pid))
@@ -153,6 +154,108 @@ class S3StoreTest(unittest.TestCase):
         loaded = torch.load(c.path("step3", "model.pt"))
         self.assertTrue(all(torch.equal(loaded[k], v) for k, v in step3.items()))
         self.assertEqual(mounted.ckptfs("verify", c.mnt).returncode, 0)
+
+    def test_ranks_of_a_version_from_two_nodes_appear_whole_on_a_third(self):
+        loc = "s3://ckpts/ranks"
+        mounted.ckptfs("init", loc)
+        poll = ["--remote-poll", "0.3"]
+        a = S3Mount(loc, "node-a", "ra")
+        self.addCleanup(a.close)
+        a.mount(["--rank", "0", "--world-size", "2"] + poll)
+        b = S3Mount(loc, "node-b", "rb")
+        self.addCleanup(b.close)
+        b.mount(["--rank", "1", "--world-size", "2"] + poll)
+        c = S3Mount(loc, "node-c", "rc")                       # a reader with an empty cache
+        self.addCleanup(c.close)
+        c.mount(poll)
+        parts = lambda v: [k for k in bucket_keys("ranks/versions/%s/" % v)]
+
+        # Rank 0 commits its part of step1: the reader must not show step1 yet.
+        os.mkdir(a.path("step1"))
+        save_fsynced(model(10), a.path("step1", "rank0.pt"))
+        mounted.ckptfs("seal", a.path("step1"))
+        self.assertTrue(mounted.wait_until(lambda: parts("step1"), 30, 0.1))
+        time.sleep(1.5)                                          # several polls of the reader
+        self.assertNotIn("step1", os.listdir(c.mnt))
+        # Rank 1 commits: step1 appears on the reader with both ranks' files.
+        os.mkdir(b.path("step1"))
+        save_fsynced(model(11), b.path("step1", "rank1.pt"))
+        mounted.ckptfs("seal", b.path("step1"))
+        self.assertTrue(mounted.wait_until(lambda: "step1" in os.listdir(c.mnt), 30, 0.1))
+        self.assertEqual(sorted(os.listdir(c.path("step1"))),
+                         ["manifest.json", "rank0.pt", "rank1.pt"])
+
+        # step2: both ranks save at the same time.
+        def save(node, rank):
+            os.mkdir(node.path("step2"))
+            save_fsynced(model(20 + rank), node.path("step2", "rank%d.pt" % rank))
+            mounted.ckptfs("seal", node.path("step2"))
+        threads = [threading.Thread(target=save, args=(n, r)) for r, n in enumerate((a, b))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertTrue(mounted.wait_until(lambda: "step2" in os.listdir(c.mnt), 30, 0.1))
+        for step, seed in (("step1", 10), ("step2", 20)):
+            for rank, node in enumerate((a, b)):
+                name = "rank%d.pt" % rank
+                self.assertEqual(mounted.read_file(c.path(step, name)),
+                                 mounted.read_file(node.path(step, name)), step + "/" + name)
+                loaded = torch.load(c.path(step, name))
+                self.assertTrue(all(torch.equal(loaded[k], v)
+                                    for k, v in model(seed + rank).items()), step + "/" + name)
+        # Read from the writers' records in the bucket, on demand: nothing of theirs on disk.
+        self.assertLess(packs_on_disk(c.store), 1 << 20)
+        # The reader publishes too (its catalog names the writers' segments), and a mount
+        # that restores its store reads the versions back; gc keeps what the parts name.
+        mounted.ckptfs("sync", c.mnt)
+        c.umount()
+        mounted.ckptfs("gc", loc, "--grace", "0")
+        d = S3Mount(loc, "node-c", "rd")
+        self.addCleanup(d.close)
+        d.mount(poll)
+        self.assertEqual(mounted.read_file(d.path("step2", "rank1.pt")),
+                         mounted.read_file(b.path("step2", "rank1.pt")))
+
+    def test_a_node_saving_state_another_node_published_uploads_almost_nothing(self):
+        loc = "s3://ckpts/dedup"
+        mounted.ckptfs("init", loc)
+        poll = ["--remote-poll", "0.3"]
+        a = S3Mount(loc, "node-a", "da")
+        self.addCleanup(a.close)
+        a.mount(["--rank", "0", "--world-size", "1"] + poll)
+        os.mkdir(a.path("step1"))
+        save_fsynced(model(30), a.path("step1", "model.pt"))
+        mounted.ckptfs("seal", a.path("step1"))
+        self.assertTrue(mounted.wait_until(lambda: bucket_keys("dedup/versions/step1/"), 30, 0.1))
+        shard = os.path.getsize(a.path("step1", "model.pt"))
+        a.kill_daemon()                                          # the node dies
+        # A new node takes rank 0 over with an empty cache: it adds step1 from the bucket, and
+        # its save of the same state finds every chunk there (chunk ids are content hashes).
+        e = S3Mount(loc, "node-e", "de")
+        self.addCleanup(e.close)
+        e.mount(["--rank", "0", "--world-size", "1"] + poll)
+        self.assertTrue(mounted.wait_until(lambda: "step1" in os.listdir(e.mnt), 30, 0.1))
+
+        def objects():
+            pages = CLUSTER.s3.get_paginator("list_objects_v2").paginate(
+                Bucket="ckpts", Prefix="dedup/objects/")
+            return {o["Key"]: o["Size"] for page in pages for o in page.get("Contents", [])}
+        before = objects()
+        os.mkdir(e.path("step2"))
+        save_fsynced(model(30), e.path("step2", "model.pt"))   # in the bucket when fsync returns
+        import json
+        images = set()
+        for key in bucket_keys("dedup/nodes/node-e/manifests/"):
+            doc = json.loads(CLUSTER.s3.get_object(Bucket="ckpts", Key=key)["Body"].read())
+            images.add("dedup/objects/" + doc["catalog"]["sha256"])
+        new_pack_bytes = sum(size for key, size in objects().items()
+                             if key not in before and key not in images)
+        print("shard %d bytes; new pack bytes uploaded by the second node: %d"
+              % (shard, new_pack_bytes))
+        self.assertLess(new_pack_bytes, shard // 50)
+        self.assertEqual(mounted.read_file(e.path("step2", "model.pt")),
+                         mounted.read_file(e.path("step1", "model.pt")))
 
     def test_sigkill_during_upload_leaves_the_last_whole_publication(self):
         loc = "s3://ckpts/killed"
