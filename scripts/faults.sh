@@ -3,7 +3,7 @@
 #   powercut  tests/fs/test_powercut.py: the store on powercut_fs (tests/powercut/), which drops
 #             unsynced writes and directory entries at each simulated power cut
 #   kill9     tests/fs/test_kill9.py: kill -9 of the daemon in every phase (save, fsync, sync,
-#             seal, rm -rf, gc, forget, snapshot adoption)
+#             seal, rm -rf, gc, forget, the background re-encoding, snapshot adoption)
 #   flips     tests/fs/test_flips.py: ROUNDS single-byte flips spread over the packs and as
 #             many over the catalog
 # After every fault the store must open, every acknowledged file read back bitwise and

@@ -2,7 +2,9 @@
 
 A writer process saves versions through a ckptfs mount until the mount dies under it, going
 through every phase a fault may hit, and logs to an acknowledgement file (on the plain disk):
-    "P phase"       entering a phase (save, fsync, sync, seal, rm, gc, forget, snapshot)
+    "P phase"       entering a phase (save, fsync, sync, seal, rm, gc, forget, snapshot,
+                    reencode: a `ckptfs sync` waiting for the background re-encoder, right
+                    after a new version of a safetensors file was fsync'ed)
     "A relpath sha" the file's content was acknowledged: its fsync, or a `ckptfs sync`,
                     `ckptfs seal` or a snapshot's wait() after its close, returned
     "S version"     the version's seal was acknowledged
@@ -11,6 +13,7 @@ through every phase a fault may hit, and logs to an acknowledgement file (on the
 After a fault, acknowledged() is what the store must still hold, bitwise.
 """
 import hashlib
+import json
 import os
 import random
 import shutil
@@ -20,8 +23,9 @@ import time
 import mounted
 from mounted import MiB
 
-PHASES = ("save", "fsync", "sync", "seal", "rm", "gc", "forget", "snapshot")
+PHASES = ("save", "fsync", "sync", "seal", "rm", "gc", "forget", "reencode", "snapshot")
 KEEP_VERSIONS = 12  # retention: a long run's store stays small
+REENCODE_RESUMES = "into reverse deltas resumes"  # engine/store/reencode.cc, in the daemon log
 
 
 def payload(rng, base):
@@ -33,6 +37,41 @@ def payload(rng, base):
         fresh = rng.randbytes(min(n - at, rng.randrange(4096, 256 << 10)))
         data[at:at + len(fresh)] = fresh
     return bytes(data)
+
+
+class Weights:
+    """A training run's safetensors file: the same fp32 tensors, nudged a little each version.
+
+    The store keeps a new version's pieces as deltas against the previous one, and its
+    background re-encoder (engine/store/reencode.cc) then stores the new pieces whole and turns
+    the previous version's around into deltas against them: the phase "reencode" hits that."""
+
+    TENSORS, ELEMENTS = 4, 1 << 20  # 16 MiB a version
+
+    def __init__(self, seed):
+        import numpy as np
+        self.np = np
+        # One starting point for every round: a round's first version is a delta against the
+        # store's latest one, so the re-encoder has work from the first "reencode" on.
+        start = np.random.default_rng(0)
+        self.w = [start.standard_normal(self.ELEMENTS, dtype=np.float32)
+                  for _ in range(self.TENSORS)]
+        self.g = np.random.default_rng(seed)
+        self.versions = 0
+
+    def next(self):
+        """The next version's file (bytes): every tensor plus a small step."""
+        self.versions += 1
+        for w in self.w:
+            w += self.np.float32(1e-3) * self.g.standard_normal(w.size, dtype=self.np.float32)
+        header, at = {}, 0
+        for i, w in enumerate(self.w):
+            header["layers.%d.weight" % i] = {"dtype": "F32", "shape": [w.size],
+                                              "data_offsets": [at, at + w.nbytes]}
+            at += w.nbytes
+        text = json.dumps(header).encode()
+        text += b" " * (-len(text) % 8)
+        return len(text).to_bytes(8, "little") + text + b"".join(w.tobytes() for w in self.w)
 
 
 def acknowledged(ack_path):
@@ -65,10 +104,26 @@ def count_lines(ack_path):
 
 
 class AckLog:
-    def __init__(self, path):
+    """Appends lines to the acknowledgement file, while `mnt` is still the mount it was.
+
+    Once the test detaches a dead mount (a lazy unmount), paths under it reach the empty
+    directory beneath: a writer busy elsewhere at the fault (generating a payload) would then
+    save, fsync and acknowledge files on the plain disk, which the next mount hides. So every
+    line is written only while mnt is the filesystem it was at the start; otherwise the writer
+    stops. (Found when the slow Weights payloads widened that window: an "acknowledged" file
+    was missing at the next mount.)"""
+
+    def __init__(self, path, mnt):
         self.f = open(path, "a")
+        self.mnt, self.dev = mnt, os.stat(mnt).st_dev
 
     def __call__(self, kind, *fields):
+        try:
+            same = os.stat(self.mnt).st_dev == self.dev
+        except OSError:
+            same = False
+        if not same:
+            os._exit(0)
         self.f.write(" ".join([kind] + [str(f) for f in fields]) + "\n")
         self.f.flush()
 
@@ -129,10 +184,11 @@ def writer(mnt, ack_path, round_no, seed, snapshots):
     """Saves versions through `mnt` until the mount dies; never returns (os._exit)."""
     rng = random.Random(seed)
     base = rng.randbytes(3 * MiB)
-    log = AckLog(ack_path)
+    log = AckLog(ack_path, mnt)
     known, sealed = acknowledged(ack_path)
     made = sorted(n for n in os.listdir(mnt) if n.startswith("r"))  # earlier rounds' too
     parent = os.getppid()
+    weights = Weights(seed)
     try:
         for i in range(100000):
             if os.getppid() != parent:
@@ -150,6 +206,21 @@ def writer(mnt, ack_path, round_no, seed, snapshots):
             vdir = os.path.join(mnt, name)
             os.mkdir(vdir)
             pending = []
+            if rng.random() < 0.3:
+                # A new version of the weights, acknowledged by its fsync; then `ckptfs sync`
+                # waits for the re-encoder, which is busy with it and the version before.
+                data = weights.next()
+                rel, digest = name + "/weights.safetensors", hashlib.sha256(data).hexdigest()
+                with open(os.path.join(vdir, "weights.safetensors"), "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                log("A", rel, digest)
+                known[rel] = digest
+                if weights.versions > 1:  # the first of a round may have no delta base left
+                    log("P", "reencode")
+                    mounted.ckptfs("sync", mnt)
+                    log("P", "save")
             for fname in ("model.pt", "optim.pt", "extra.bin")[:rng.randrange(1, 4)]:
                 data = payload(rng, base)
                 rel, digest = name + "/" + fname, hashlib.sha256(data).hexdigest()
@@ -224,7 +295,10 @@ def check_store(test, mnt, ack_path, where):
 
 
 def verify(test, store, where):
-    p = mounted.ckptfs("verify", store, check=False)
+    """`ckptfs verify` of the store must be clean. Returns whether opening the store resumed the
+    re-encoder's queue: the fault interrupted re-encoding (its log line, on verify's stderr)."""
+    p = mounted.ckptfs("--verbose", "verify", store, check=False)
     test.assertEqual(p.returncode, 0, "%s: verify of the store:\n%s%s"
                      % (where, p.stdout, p.stderr))
     test.assertIn("no problems", p.stdout)
+    return REENCODE_RESUMES in p.stderr
