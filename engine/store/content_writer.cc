@@ -268,9 +268,14 @@ Result<ContentId> ContentWriter::Finish(const CommitHook& hook) {
     Abandon();
     return err;
   }
-  std::vector<std::pair<ChunkRef, ChunkRow>> refs;
+  std::vector<Store::CommitRef> refs;
   refs.reserve(slots_.size());
-  for (const Slot& s : slots_) refs.emplace_back(s.ref, s.row);
+  for (const Slot& s : slots_) {
+    // A piece stored whole although it had a whole base: the re-encoder reverses the pair.
+    std::optional<ChunkId> reverse_base;
+    if (s.base && !IsDelta(s.row.transform)) reverse_base = s.base;
+    refs.push_back(Store::CommitRef{s.ref, s.row, reverse_base});
+  }
   if (scanner_) {
     layout_ = scanner_->TakeLayout();
     scanner_.reset();

@@ -55,15 +55,38 @@ std::string QueuedKey(ContentId id) {
   return key;
 }
 
+// A piece written whole against a whole base (Store::WritesWhole): "R", the content, the piece
+// -> the base. Written in the transaction that commits the content, deleted with its "Q" key.
+std::string ReverseBasePrefix(ContentId id) {
+  std::string key = "R";
+  for (int shift = 56; shift >= 0; shift -= 8) key.push_back(static_cast<char>(id >> shift));
+  return key;
+}
+
+std::string ReverseBaseKey(ContentId id, const ChunkId& x) {
+  std::string key = ReverseBasePrefix(id);
+  key.append(reinterpret_cast<const char*>(x.bytes.data()), x.bytes.size());
+  return key;
+}
+
+ChunkId IdFromBytes(std::string_view bytes) {
+  ChunkId id;
+  std::memcpy(id.bytes.data(), bytes.data(), id.bytes.size());
+  return id;
+}
+
 struct Candidate {
   ChunkId x, b;
   ChunkRow x_row, b_row;
   bool b_promoted = false;  // when listed; the swap checks again
+  // X was written whole (WritesWhole): only B is re-encoded, X's record stays. Otherwise X is
+  // a forward delta against B, made whole here.
+  bool x_whole = false;
 };
 
 struct Swap {
   Candidate c;
-  ChunkRow x_whole;                 // the new records' rows (no references yet)
+  std::optional<ChunkRow> x_whole;  // X's new whole record (none where X was written whole)
   std::optional<ChunkRow> b_delta;  // none where B gains nothing from X
 };
 
@@ -71,6 +94,13 @@ struct Swap {
 
 Status Store::MarkForReverseDeltas(Catalog::WriteTxn& txn, ContentId id) {
   return txn.Put(Table::kContentMeta, QueuedKey(id), "");
+}
+
+Status Store::MarkReverseBase(Catalog::WriteTxn& txn, ContentId id, const ChunkId& x,
+                              const ChunkId& base) {
+  return txn.Put(Table::kContentMeta, ReverseBaseKey(id, x),
+                 std::string_view(reinterpret_cast<const char*>(base.bytes.data()),
+                                  base.bytes.size()));
 }
 
 Status Store::QueuePendingReverseDeltas() {
@@ -129,6 +159,15 @@ void Store::RunReencoder() {
                    s.ToString());
     }
     Status done = catalog_->Update(Catalog::SpaceUse::kFreesSpace, [&](Catalog::WriteTxn& txn) {
+      std::vector<std::string> keys;
+      CKPTFS_RETURN_IF_ERROR(txn.ForEach(Table::kContentMeta, ReverseBasePrefix(id), "",
+                                         [&](auto key, auto) {
+                                           keys.emplace_back(key);
+                                           return true;
+                                         }));
+      for (const std::string& key : keys) {
+        CKPTFS_RETURN_IF_ERROR(txn.Delete(Table::kContentMeta, key));
+      }
       return txn.Delete(Table::kContentMeta, QueuedKey(id));
     });
     if (!done.ok()) spdlog::warn("content {}: {}", id, done.ToString());
@@ -174,7 +213,26 @@ Status Store::ReverseDeltas(ContentId id) {
       if (!base || IsDelta(base->transform) || base->raw_len != row->raw_len) continue;
       CKPTFS_ASSIGN_OR_RETURN(auto promoted,
                               txn.Get(Table::kContentMeta, PromotedKey(row->base)));
-      candidates.push_back(Candidate{x, row->base, *row, *base, promoted.has_value()});
+      candidates.push_back(Candidate{x, row->base, *row, *base, promoted.has_value(), false});
+    }
+    // Pieces written whole against a whole base: both whole now, B to become a delta of X.
+    std::vector<std::pair<ChunkId, ChunkId>> pairs;
+    CKPTFS_RETURN_IF_ERROR(txn.ForEach(Table::kContentMeta, ReverseBasePrefix(id), "",
+                                       [&](auto key, auto value) {
+                                         if (key.size() == 9 + 32 && value.size() == 32) {
+                                           pairs.emplace_back(IdFromBytes(key.substr(9)),
+                                                              IdFromBytes(value));
+                                         }
+                                         return true;
+                                       }));
+    for (const auto& [x, b] : pairs) {
+      if (x == b) continue;
+      CKPTFS_ASSIGN_OR_RETURN(std::optional<ChunkRow> row, txn.GetChunk(x));
+      if (!row || IsDelta(row->transform)) continue;
+      CKPTFS_ASSIGN_OR_RETURN(std::optional<ChunkRow> base, txn.GetChunk(b));
+      if (!base || IsDelta(base->transform) || base->raw_len != row->raw_len) continue;
+      CKPTFS_ASSIGN_OR_RETURN(auto promoted, txn.Get(Table::kContentMeta, PromotedKey(b)));
+      candidates.push_back(Candidate{x, b, *row, *base, promoted.has_value(), true});
     }
   }
   // Who decodes through whom (base -> its deltas) and every chunk's depth, for the depths a
@@ -192,7 +250,7 @@ Status Store::ReverseDeltas(ContentId id) {
       Buffer payload;
     };
     std::vector<Swap> swaps;
-    std::vector<std::pair<Encoded, std::optional<Encoded>>> encoded;
+    std::vector<std::pair<std::optional<Encoded>, std::optional<Encoded>>> encoded;
     uint64_t bytes = 0;
     for (; i < candidates.size() && bytes < options_.reencode_batch_bytes; ++i) {
       const Candidate& c = candidates[i];
@@ -202,31 +260,43 @@ Status Store::ReverseDeltas(ContentId id) {
         return reader_->Decode(c.b, c.b_row);
       }();
       if (!b_raw.ok()) continue;  // moved or dropped meanwhile: leave it
+      // X: written whole, from the cache (the writer cached it as the next version's base)
+      // or its record; else rebuilt from its forward delta and B's bytes.
+      std::shared_ptr<const Buffer> x_cached;
+      if (c.x_whole) x_cached = cache_.Lookup(c.x, /*streamed=*/true);
       Result<Buffer> x_raw = [&]() -> Result<Buffer> {
+        if (x_cached) return Buffer();
         std::shared_lock gc(gc_mu_);
-        return reader_->DecodeWithBase(c.x, c.x_row, *b_raw);
+        return c.x_whole ? reader_->Decode(c.x, c.x_row)
+                         : reader_->DecodeWithBase(c.x, c.x_row, *b_raw);
       }();
       if (!x_raw.ok()) continue;
+      const Buffer& x_bytes = x_cached ? *x_cached : *x_raw;
       bytes += c.x_row.raw_len;
-      EncodedPiece whole = EncodePiece(*options_.codec, x_raw->bytes(), c.x_row.width, nullptr);
+      std::optional<Encoded> whole_x;
+      if (!c.x_whole) {
+        EncodedPiece whole = EncodePiece(*options_.codec, x_bytes.bytes(), c.x_row.width, nullptr);
+        Buffer payload = whole.stored_raw() ? std::move(*x_raw) : std::move(whole.stored);
+        RecordHeader h = RecordHeader::For(c.x, c.x_row.raw_len, whole.encoding, payload.bytes());
+        whole_x = Encoded{h, std::move(payload)};
+      }
       std::optional<Encoded> delta;
       if (c.b_promoted) {  // an anchor stays whole: no need to try
-        EncodedPiece d = EncodePiece(*options_.codec, b_raw->bytes(), c.b_row.width, &*x_raw);
+        EncodedPiece d = EncodePiece(*options_.codec, b_raw->bytes(), c.b_row.width, &x_bytes);
         if (IsDelta(d.encoding.transform)) {
           RecordHeader h =
               RecordHeader::ForDelta(c.b, c.b_row.raw_len, d.encoding, c.x, d.stored.bytes());
           delta = Encoded{h, std::move(d.stored)};
         }
       }
-      Buffer payload = whole.stored_raw() ? std::move(*x_raw) : std::move(whole.stored);
-      RecordHeader h = RecordHeader::For(c.x, c.x_row.raw_len, whole.encoding, payload.bytes());
-      encoded.emplace_back(Encoded{h, std::move(payload)}, std::move(delta));
-      swaps.push_back(Swap{c, ChunkRow{}, std::nullopt});
+      encoded.emplace_back(std::move(whole_x), std::move(delta));
+      swaps.push_back(Swap{c, std::nullopt, std::nullopt});
     }
     {
       std::shared_lock gc(gc_mu_);
       for (size_t k = 0; k < swaps.size(); ++k) {
-        Encoded& w = encoded[k].first;
+        if (!encoded[k].first) continue;
+        Encoded& w = *encoded[k].first;
         CKPTFS_ASSIGN_OR_RETURN(PackLocation loc, packs_->Append(w.header, std::move(w.payload)));
         swaps[k].x_whole = RowOf(w.header, loc);
       }
@@ -266,10 +336,10 @@ Status Store::ReverseDeltas(ContentId id) {
       uint64_t applied = 0, swapped = 0;
       for (const Swap& s : swaps) {
         const Candidate& c = s.c;
-        const PackLocation x_new{s.x_whole.pack_id, s.x_whole.offset, s.x_whole.length};
-        std::optional<PackLocation> b_new;
+        std::optional<PackLocation> x_new, b_new;
+        if (s.x_whole) x_new = PackLocation{s.x_whole->pack_id, s.x_whole->offset, s.x_whole->length};
         if (s.b_delta) b_new = PackLocation{s.b_delta->pack_id, s.b_delta->offset, s.b_delta->length};
-        if (!packs_->IsDurable(x_new) || (b_new && !packs_->IsDurable(*b_new))) {
+        if ((x_new && !packs_->IsDurable(*x_new)) || (b_new && !packs_->IsDurable(*b_new))) {
           return synced.ok() ? Status::IOError("a re-encoded record failed to reach disk")
                              : synced;
         }
@@ -282,8 +352,9 @@ Status Store::ReverseDeltas(ContentId id) {
         // B is read-pinned only by a writer taking it as a delta base, which would record a
         // depth one short of the chain B joins now: leave it. X may be pinned by the next
         // version's writer: its old record stays (gc frees it once unpinned).
-        if (!same(x, c.x_row) || !same(b, c.b_row) || x->base != c.b || pinned_.count(c.b) != 0) {
-          unused.push_back(x_new);  // gc or a writer got there first
+        if (!same(x, c.x_row) || !same(b, c.b_row) || (!c.x_whole && x->base != c.b) ||
+            pinned_.count(c.b) != 0) {
+          if (x_new) unused.push_back(*x_new);  // gc or a writer got there first
           if (b_new) unused.push_back(*b_new);
           continue;
         }
@@ -305,23 +376,28 @@ Status Store::ReverseDeltas(ContentId id) {
         }
         // The swap keeps the store's size: symmetric deltas (B against X, X against B) come out
         // about equal; a swap that would grow the pair by more than 1/16 is not made.
+        // Where X was written whole, B's delta only has to be smaller than B.
         const uint64_t before = uint64_t{x->length} + b->length;
-        const bool swap = fits && s.b_delta &&
-                          uint64_t{s.x_whole.length} + s.b_delta->length <= before + before / 16;
+        const bool swap =
+            fits && s.b_delta &&
+            (c.x_whole ? s.b_delta->length < b->length
+                       : uint64_t{s.x_whole->length} + s.b_delta->length <= before + before / 16);
         // Without the swap, X alone is made whole: where B is an anchor or its chains are full
         // that is the keyframe forward deltas would write too; left a delta, X would make the
         // next version's piece a delta of a delta, and its chain would grow forward again.
-        ChunkRow new_x = s.x_whole;
+        ChunkRow new_x = c.x_whole ? *x : *s.x_whole;
         new_x.refcount = x->refcount;
         new_x.depth = 1;
-        --b->refcount;  // X no longer decodes through B
-        // X's old record dies now, unless a writer holds X pinned (as the next version's delta
-        // base, at the old location): then it is punched once the pin is gone.
-        const PackLocation x_old{x->pack_id, x->offset, x->length};
-        if (pinned_.count(c.x) == 0) {
-          dead.push_back(x_old);
-        } else {
-          punch_later_.emplace_back(c.x, x_old);
+        if (!c.x_whole) {
+          --b->refcount;  // X no longer decodes through B
+          // X's old record dies now, unless a writer holds X pinned (as the next version's
+          // delta base, at the old location): then it is punched once the pin is gone.
+          const PackLocation x_old{x->pack_id, x->offset, x->length};
+          if (pinned_.count(c.x) == 0) {
+            dead.push_back(x_old);
+          } else {
+            punch_later_.emplace_back(c.x, x_old);
+          }
         }
         if (swap) {
           ChunkRow new_b = *s.b_delta;
@@ -353,8 +429,10 @@ Status Store::ReverseDeltas(ContentId id) {
         CKPTFS_RETURN_IF_ERROR(txn.PutChunk(c.x, new_x));
         CKPTFS_RETURN_IF_ERROR(txn.Put(Table::kContentMeta, PromotedKey(c.x), ""));
         depth[c.x] = 1;
-        uint64_t& end = pack_ends[new_x.pack_id];
-        end = std::max(end, new_x.offset + new_x.length);
+        if (!c.x_whole) {
+          uint64_t& end = pack_ends[new_x.pack_id];
+          end = std::max(end, new_x.offset + new_x.length);
+        }
         ++applied;
       }
       for (const auto& [pack_id, end] : pack_ends) {

@@ -294,7 +294,7 @@ Result<ChunkRow> Store::PutChunk(const ChunkId& id, Buffer raw, const PieceHint&
   if (stored) return *stored;
   std::shared_ptr<const Buffer> base;
   if (hint.base && hint.base->second.raw_len == raw.size() &&
-      hint.base->second.depth < options_.max_delta_chain) {
+      hint.base->second.depth < options_.max_delta_chain && !WritesWhole(hint.base->second)) {
     auto loaded = LoadChunk(hint.base->first, hint.base->second);  // pinned: cannot move
     if (loaded.ok()) {
       base = *loaded;
@@ -336,6 +336,10 @@ Result<ChunkRow> Store::PutChunk(const ChunkId& id, Buffer raw, const PieceHint&
   return p.row;
 }
 
+bool Store::WritesWhole(const ChunkRow& base_row) const {
+  return reencoder_.joinable() && !IsDelta(base_row.transform);
+}
+
 void Store::Unpin(const ChunkId& id) {
   std::lock_guard lock(mu_);
   auto it = pinned_.find(id);
@@ -343,7 +347,7 @@ void Store::Unpin(const ChunkId& id) {
 }
 
 Result<ContentId> Store::CommitContent(
-    std::optional<ContentId> base, const std::vector<std::pair<ChunkRef, ChunkRow>>& refs,
+    std::optional<ContentId> base, const std::vector<CommitRef>& refs,
     uint64_t size, const std::string& layout,
     const std::function<Status(Catalog::WriteTxn&, ContentId)>& hook) {
   Status synced = packs_->Sync();
@@ -375,7 +379,7 @@ Result<ContentId> Store::CommitContent(
   }
   std::map<uint32_t, uint64_t> pack_ends;
   bool new_deltas = false;  // then the re-encoder looks at this content
-  for (const auto& [ref, pinned_row] : refs) {
+  for (const auto& [ref, pinned_row, reverse_base] : refs) {
     CKPTFS_RETURN_IF_ERROR(txn.PutChunkRef(id, ref));
     CKPTFS_ASSIGN_OR_RETURN(std::optional<ChunkRow> row, txn.GetChunk(ref.id));
     if (!row) {
@@ -399,6 +403,10 @@ Result<ContentId> Store::CommitContent(
         }
         ++base_row->refcount;
         CKPTFS_RETURN_IF_ERROR(txn.PutChunk(row->base, *base_row));
+      } else if (reverse_base && *reverse_base != ref.id && reencoder_.joinable()) {
+        // Written whole against a whole base: the re-encoder makes the base a delta of it.
+        new_deltas = true;
+        CKPTFS_RETURN_IF_ERROR(MarkReverseBase(txn, id, ref.id, *reverse_base));
       }
     }
     ++row->refcount;

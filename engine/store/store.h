@@ -289,6 +289,8 @@ class Store {
   struct PieceHint {
     uint8_t width = 1;  // element width of the tensor it belongs to
     // The same piece of the previous version, pinned by the caller: a delta base candidate.
+    // With reverse deltas a whole base is not encoded against: the piece is stored whole and
+    // the re-encoder turns the base into a delta against it (WritesWhole).
     std::optional<std::pair<ChunkId, ChunkRow>> base;
     bool cache = false;  // keep the raw bytes in the cache (the next version's delta base)
   };
@@ -303,6 +305,10 @@ class Store {
   Result<RecoveredPacks> RecoverPacks();
   // Stores `raw` (unless present) and pins its row until Unpin; returns the row to reference.
   Result<ChunkRow> PutChunk(const ChunkId& id, Buffer raw, const PieceHint& hint);
+  // Whether a piece whose delta base candidate has `base_row` is stored whole, leaving the
+  // delta to the re-encoder (reverse deltas on and the base whole: the newest version is
+  // whole in the end, so a forward delta now would be encoded only to be replaced).
+  bool WritesWhole(const ChunkRow& base_row) const;
   // Pins a chunk that is stored (committed or pinned); nullopt when it is not.
   Result<std::optional<ChunkRow>> PinIfStored(const ChunkId& id);
   void Unpin(const ChunkId& id);
@@ -310,10 +316,17 @@ class Store {
   // delta base (its chain leaves room for one more record).
   std::optional<std::pair<ChunkId, ChunkRow>> PinDeltaBase(ContentId content, uint64_t offset,
                                                            uint32_t length);
-  // Durably commits a content made of `refs` (rows as PutChunk returned them), with its layout
-  // row (empty: none).
+  // One chunk of a content being committed: its reference, the row PutChunk returned, and
+  // the delta base candidate it was written whole against (reverse_base: the re-encoder then
+  // makes that base a delta against this chunk, reencode.cc).
+  struct CommitRef {
+    ChunkRef ref;
+    ChunkRow row;
+    std::optional<ChunkId> reverse_base;
+  };
+  // Durably commits a content made of `refs`, with its layout row (empty: none).
   Result<ContentId> CommitContent(std::optional<ContentId> base,
-                                  const std::vector<std::pair<ChunkRef, ChunkRow>>& refs,
+                                  const std::vector<CommitRef>& refs,
                                   uint64_t size, const std::string& layout,
                                   const std::function<Status(Catalog::WriteTxn&, ContentId)>& hook);
   // The decoded chunk, from the cache or the pack (chunk_reader.h).
@@ -345,6 +358,10 @@ class Store {
   void QueueReverseDeltas(ContentId id);
   // Persists `id` in the re-encoder's queue (inside the transaction that commits it).
   static Status MarkForReverseDeltas(Catalog::WriteTxn& txn, ContentId id);
+  // Records, with content `id`, that its new chunk `x` was written whole against the whole
+  // chunk `base`: the re-encoder of `id` makes `base` a delta against `x`.
+  static Status MarkReverseBase(Catalog::WriteTxn& txn, ContentId id, const ChunkId& x,
+                                const ChunkId& base);
   // Queues the contents a crash left marked (Open).
   Status QueuePendingReverseDeltas();
   void RunReencoder();

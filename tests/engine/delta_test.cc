@@ -6,7 +6,9 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <condition_variable>
 #include <filesystem>
+#include <mutex>
 #include <random>
 
 #include "tests/engine/test_support.h"
@@ -272,6 +274,49 @@ TEST_F(DeltaTest, ReverseDeltasReadTheNewestVersionInOneRecordPerPiece) {
   ASSERT_OK(store->Gc(GcOptions{.rewrite_below = 0.99}).status());
   for (int v : {0, 1, 4, 5, 6}) EXPECT_TRUE(ContentEquals(*store, ids[v], files_[v])) << v;
   EXPECT_TRUE(VerifyClean(*store));
+}
+
+TEST_F(DeltaTest, WithReverseDeltasTheWriterStoresWholeAndTheReencoderOnlyTheBase) {
+  // A forward delta against a whole base would only be decoded and replaced by the
+  // re-encoder: the writer stores the piece whole, and the re-encoder makes the base (the
+  // version before) a delta against it. Seen between the writer's commit and the re-encoder's.
+  StoreOptions options = DeltaOptions(8, /*reverse=*/true);
+  options.reencode_batch_bytes = 1u << 30;  // one batch, one hook call per version
+  std::mutex mu;
+  std::condition_variable cv;
+  int calls = 0;
+  bool release = false;
+  options.before_reencode_commit = [&] {
+    std::unique_lock lock(mu);
+    if (++calls < 2) return;  // version 1 against the anchor: let it through
+    cv.notify_all();
+    cv.wait(lock, [&] { return release; });
+  };
+  auto store = OpenStore(dir_.path(), options);
+  ASSERT_TRUE(store);
+  ASSERT_OK_AND_ASSIGN(std::vector<ContentId> ids,
+                       StoreChain(*store, {files_[0], files_[1], files_[2]}));
+  {
+    std::unique_lock lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(60), [&] { return calls >= 2; }));
+  }
+  // The re-encoder holds version 2's batch: every version is whole, none was a delta.
+  for (int v = 0; v < 3; ++v) EXPECT_EQ(NewestDepth(*store, ids[v]), 1u) << "version " << v;
+  {
+    std::lock_guard lock(mu);
+    release = true;
+  }
+  cv.notify_all();
+  store->WaitReencoded();
+  EXPECT_EQ(NewestDepth(*store, ids[0]), 1u) << "the anchor stays whole";
+  EXPECT_EQ(NewestDepth(*store, ids[1]), 2u) << "a delta against version 2";
+  EXPECT_EQ(NewestDepth(*store, ids[2]), 1u) << "the newest stays whole";
+  for (int v = 0; v < 3; ++v) EXPECT_TRUE(ContentEquals(*store, ids[v], files_[v])) << v;
+  EXPECT_TRUE(VerifyClean(*store));
+  store.reset();
+  auto reopened = OpenStore(dir_.path(), DeltaOptions(8, /*reverse=*/true));
+  ASSERT_TRUE(reopened);
+  for (int v = 0; v < 3; ++v) EXPECT_TRUE(ContentEquals(*reopened, ids[v], files_[v])) << v;
 }
 
 TEST_F(DeltaTest, ReverseChainBoundHolds) {
