@@ -1,10 +1,13 @@
 // Reverse deltas (Store, store.h; docs/engine.md "Read path"): after a content commits, each
-// of its delta pieces X whose base B the re-encoder itself once made whole is stored whole,
-// and B is re-encoded as a delta against X. The newest version then decodes one record per
-// piece; the version before it two, and so on back to the last whole piece.
+// of its pieces X whose base B (the same piece of the previous version) is whole ends up whole,
+// and B is re-encoded as a delta against X. The writer stores such an X whole in the first
+// place (Store::WritesWhole) and records the pair ("R" rows): then only B is re-encoded. A
+// piece written as a forward delta (its base was a delta then, or an older store) is made
+// whole here. The newest version then decodes one record per piece; the version before it
+// two, and so on back to the last whole piece.
 //
-// Which pieces stay whole: a piece written whole (a first version, a keyframe where the
-// forward chain was full, a piece gc stored whole) is an anchor and is never re-encoded, so
+// Which pieces stay whole: a piece written whole without a base (a first version, a keyframe
+// where the forward chain was full, a piece gc stored whole) is an anchor, never re-encoded, so
 // the oldest version keeps reading at whole-record speed. A piece the re-encoder made whole
 // ("promoted", a row in the content-meta table) is re-encoded against the next version's
 // piece while the chain through it stays within max_delta_chain; once full, it stays whole
