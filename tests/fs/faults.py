@@ -294,6 +294,27 @@ def check_store(test, mnt, ack_path, where):
     return len(files)
 
 
+def wait_unlocked(store, timeout=60):
+    """Waits until no process holds the store's lock (True), or timeout passes (False).
+
+    After SIGKILL the daemon's main thread is soon a zombie (pid_alive() says gone), but the
+    kernel may still be finishing its io_uring workers, which share its open files: the store's
+    LOCK stays taken for a moment and `ckptfs verify` would answer Busy (1 round in ~70 of a
+    long kill9 run)."""
+    import fcntl
+    deadline = time.monotonic() + timeout
+    with open(os.path.join(store, "LOCK"), "rb") as f:
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(f, fcntl.LOCK_UN)
+                return True
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(0.05)
+
+
 def verify(test, store, where):
     """`ckptfs verify` of the store must be clean. Returns whether opening the store resumed the
     re-encoder's queue: the fault interrupted re-encoding (its log line, on verify's stderr)."""

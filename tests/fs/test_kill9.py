@@ -74,6 +74,7 @@ class Kill9Test(unittest.TestCase):
                 w.join()
                 self.fail("%s: the writer hangs on the dead mount" % where)
             kills[phase] = kills.get(phase, 0) + 1
+            self.assertTrue(faults.wait_unlocked(m.store), "%s: the store stays locked" % where)
             interrupted = faults.verify(self, m.store, where)
             resumed += interrupted
             print("%s: target %s, killed in %s%s" % (where, target, phase,
