@@ -9,9 +9,11 @@
 #        scripts/fuzz.sh all [SECONDS] [JOBS]        every target in turn
 #        scripts/fuzz.sh --ci [SECONDS]              every target for SECONDS (default 20) from
 #                                                    its seeds only; fails on the first crash
-#        scripts/fuzz.sh --runs N TARGET|all         the long runs of docs/reliability.md: each
-#                                                    target until N executions (no time limit),
-#                                                    one process; log in build-fuzz/TARGET-runs.log
+#        scripts/fuzz.sh --runs N TARGET|all [SECONDS]
+#                                                    the long runs of docs/reliability.md: each
+#                                                    target until N executions (or SECONDS, when
+#                                                    given), one process; log in
+#                                                    build-fuzz/TARGET-runs.log
 #        scripts/fuzz.sh SECONDS [JOBS]              the torch_zip target (as before targets)
 # Targets: torch_zip (engine/format/torch_zip.h), torch_pickle (torch_pickle.h), safetensors
 # (safetensors.h), views (engine/views/tensor_view.h, precision_view.h: whole files; its
@@ -36,7 +38,9 @@ case "${1:-}" in
   ''|[0-9]*) selected=(torch_zip) ;;
   *) echo "fuzz.sh: unknown target '$1' (${targets[*]}, all, --ci)" >&2; exit 2 ;;
 esac
+runs_seconds=0  # --runs: no time limit unless SECONDS is given
 if [ "$ci" -eq 0 ]; then
+  runs_seconds="${1:-0}"
   seconds="${1:-30}"
   jobs="${2:-1}"
 fi
@@ -193,7 +197,7 @@ for t in "${selected[@]}"; do
   corpus="$build/corpus/$t"
   mkdir -p "$corpus"
   if [ "$runs" -gt 0 ]; then
-    args+=(-max_total_time=0 -runs="$runs")
+    args+=(-max_total_time="$runs_seconds" -runs="$runs")
     echo "fuzz.sh: $t for $runs executions (log: $build/$t-runs.log)"
     start=$(date +%s)
     if ! "$build/${t}_fuzz" "${args[@]}" "$corpus" "$seeds" >"$build/$t-runs.log" 2>&1; then
