@@ -7,6 +7,10 @@
 #include <type_traits>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "engine/codec/huffman.h"
 #include "engine/util/coding.h"
 
@@ -25,13 +29,40 @@ constexpr size_t kScaleSegmentBytes = kSegmentHeaderBytes + 4;
 // the 8-bit exponent of fp32 and bf16 whole). Older containers never start with it.
 constexpr uint8_t kRotatedSegment = 0x41;
 
+// A segment kind that is not a codec either: the row/column model of the top plane of a planes
+// container of width 2 or 4 (after the rotation segment, if any; docs/engine.md, "Compression").
+// Its body: the period P (LE32, the tensor's row length as found in the bytes), the phase F
+// (LE32, < P: element i sits in column (i + F) % P of row (i + F) / P), then P column terms and
+// one row term per row, a byte each. The top plane holds each byte minus its column's and its
+// row's term (mod 256): Adam's moments scale by row and by column (a linear layer's gradient
+// is an outer product), so the top plane's exponents are predicted by both. Older containers
+// never have it.
+constexpr uint8_t kModelSegment = 0x42;
+constexpr size_t kModelHeaderBytes = 8;  // period, phase
+
+// The top plane's row/column model (period 0: none); terms: the P column terms, then the rows'.
+struct TopModel {
+  uint32_t period = 0;
+  uint32_t phase = 0;
+  Bytes terms;
+  size_t SegmentBytes() const {
+    return period == 0 ? 0 : kSegmentHeaderBytes + kModelHeaderBytes + terms.size();
+  }
+};
+
 // What a container records besides its transform and planes: sub's scaled prediction (fp32;
-// 0: none) or the rotation of planes (fp32, bf16, fp16). At most one of them.
+// 0: none), or the rotation of planes (fp32, bf16, fp16) and the row/column model of their top
+// plane (fp32, bf16, fp16: found by EncodeWith where `try_model` is set).
 struct PlaneOptions {
   float scale = 0;
   bool rotated = false;
+  bool try_model = false;
+  TopModel model;
   size_t PrefixBytes() const {
-    return scale != 0 ? kScaleSegmentBytes : rotated ? kSegmentHeaderBytes : 0;
+    return (scale != 0 ? kScaleSegmentBytes
+            : rotated  ? kSegmentHeaderBytes
+                       : 0) +
+           model.SegmentBytes();
   }
 };
 // Encodings are compared on this many leading bytes of a piece (whole elements).
@@ -326,6 +357,259 @@ void JoinRotated(uint8_t width, const std::byte* planes, MutableBytes out) {
   for (size_t k = elements * width; k < out.size(); ++k) out[k] = planes[k];
 }
 
+// The row/column model of the top plane (kModelSegment). Rows of `period` bytes, the first one
+// starting `phase` columns in: calls row(q, at, column, count) for each run of a row in [0, n).
+template <typename F>
+void ForEachRow(size_t n, size_t period, size_t phase, F&& row) {
+  size_t at = 0;
+  for (size_t q = 0, column = phase; at < n; ++q, column = 0) {
+    const size_t count = std::min(period - column, n - at);
+    row(q, at, column, count);
+    at += count;
+  }
+}
+
+size_t ModelRows(size_t n, size_t period, size_t phase) {
+  return (phase + n + period - 1) / period;
+}
+
+// sad[lag] = the sum of |x[i] - x[i + lag]| over i < kModelWindow, for lag = 1 .. max_lag + 1
+// (x holds kModelWindow + max_lag + 1 bytes). With AVX2 where the CPU has it.
+constexpr size_t kModelWindow = 512;  // a multiple of 32
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) void LagSumsAvx2(const uint8_t* x, size_t max_lag, uint64_t* sad) {
+  for (size_t lag = 1; lag <= max_lag + 1; ++lag) {
+    __m256i acc = _mm256_setzero_si256();
+    for (size_t i = 0; i < kModelWindow; i += 32) {
+      const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i));
+      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i + lag));
+      acc = _mm256_add_epi64(acc, _mm256_sad_epu8(a, b));
+    }
+    const __m128i s = _mm_add_epi64(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+    sad[lag] = static_cast<uint64_t>(_mm_cvtsi128_si64(s)) +
+               static_cast<uint64_t>(_mm_cvtsi128_si64(_mm_unpackhi_epi64(s, s)));
+  }
+}
+#endif
+void LagSums(const uint8_t* x, size_t max_lag, uint64_t* sad) {
+#if defined(__x86_64__)
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2) return LagSumsAvx2(x, max_lag, sad);
+#endif
+  for (size_t lag = 1; lag <= max_lag + 1; ++lag) {
+    uint64_t sum = 0;
+    for (size_t i = 0; i < kModelWindow; ++i) {
+      sum += static_cast<uint64_t>(x[i] > x[i + lag] ? x[i] - x[i + lag] : x[i + lag] - x[i]);
+    }
+    sad[lag] = sum;
+  }
+}
+
+// The row length of a tensor from its top plane `x` (n bytes): lags at which a window of
+// kModelWindow bytes differs markedly less (sum of absolute differences) from the bytes one lag
+// on than at the lags beside it (the same column one row on). Appends the deepest such dip
+// and the smallest of its divisors that dips half as deep (multiples of the row length dip too).
+constexpr size_t kModelMaxPeriod = 4096;
+void AddDips(const uint8_t* x, size_t max_lag, std::vector<uint32_t>* out) {
+  thread_local std::vector<uint64_t> sad;
+  sad.assign(max_lag + 2, 0);
+  LagSums(x, max_lag, sad.data());
+  // The dip at a lag: sad[lag] / min(sad[lag - 1], sad[lag + 1]), compared as integers.
+  auto beside = [&](size_t lag) { return std::min(sad[lag - 1], sad[lag + 1]); };
+  size_t best = 0;
+  for (size_t lag = 2; lag <= max_lag; ++lag) {
+    if (beside(lag) == 0) continue;
+    if (best == 0 || sad[lag] * beside(best) < sad[best] * beside(lag)) best = lag;
+  }
+  if (best == 0 || 10 * sad[best] >= 9 * beside(best)) return;  // dips under 10%: noise
+  auto add = [&](size_t lag) {
+    if (std::find(out->begin(), out->end(), lag) == out->end()) {
+      out->push_back(static_cast<uint32_t>(lag));
+    }
+  };
+  add(best);
+  // The smallest divisor whose dip is at least half as deep: sad[d] / beside(d) <= (1 + dip) / 2.
+  auto deep = [&](size_t d) {
+    return 2 * sad[d] * beside(best) <= beside(d) * (beside(best) + sad[best]);
+  };
+  // The divisors in increasing order: k up to sqrt(best), then best / k for k down from there.
+  size_t smallest = 0, k = 2;
+  for (; k * k <= best && smallest == 0; ++k) {
+    if (best % k == 0 && deep(k)) smallest = k;
+  }
+  for (--k; k >= 2 && smallest == 0; --k) {
+    if (best % k == 0 && best / k != k && deep(best / k)) smallest = best / k;
+  }
+  if (smallest != 0) add(smallest);
+}
+
+// Adds the byte counts of in[0, n) to hist, in four tables: the residual is a few values, and
+// one table makes each count wait for the previous one.
+void CountBytes(const uint8_t* in, size_t n, uint32_t hist[256]) {
+  uint32_t part[4][256] = {};
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    ++part[0][in[i]];
+    ++part[1][in[i + 1]];
+    ++part[2][in[i + 2]];
+    ++part[3][in[i + 3]];
+  }
+  for (; i < n; ++i) ++part[0][in[i]];
+  for (size_t v = 0; v < 256; ++v) hist[v] += part[0][v] + part[1][v] + part[2][v] + part[3][v];
+}
+
+// The sum of t[k] - c[k] over k < len (<= kModelMaxPeriod).
+int32_t RowExcess(const uint8_t* __restrict t, const uint8_t* __restrict c, size_t len) {
+  int32_t s = 0;
+  for (size_t k = 0; k < len; ++k) s += int32_t{t[k]} - int32_t{c[k]};
+  return s;
+}
+// r[k] = t[k] - c[k] - term (mod 256), and the same in place.
+void SubtractTerms(const uint8_t* __restrict t, const uint8_t* __restrict c, uint8_t term,
+                   size_t len, uint8_t* __restrict r) {
+  for (size_t k = 0; k < len; ++k) r[k] = static_cast<uint8_t>(t[k] - c[k] - term);
+}
+void SubtractTermsInPlace(uint8_t* __restrict t, const uint8_t* __restrict c, uint8_t term,
+                          size_t len) {
+  for (size_t k = 0; k < len; ++k) t[k] = static_cast<uint8_t>(t[k] - c[k] - term);
+}
+
+// Fits the row/column model of period p to top[0, n) (n >= 2p): p column terms and then one
+// term per row into `terms`, the residual into `res` (which may be `top`). The phase is searched
+// for where `phase` is kSearchPhase. Returns the phase; counts the residual's bytes into `hist` if
+// not null.
+constexpr size_t kSearchPhase = SIZE_MAX;
+size_t FitModel(const uint8_t* top, size_t n, size_t p, size_t phase, Buffer* terms, uint8_t* res,
+                uint32_t* hist) {
+  // Column means, by element index mod p (the phase only renames the columns).
+  thread_local std::vector<uint32_t> sum;
+  sum.assign(p, 0);
+  for (size_t at = 0; at < n; at += p) {
+    const size_t len = std::min(p, n - at);
+    uint32_t* __restrict s = sum.data();
+    const uint8_t* __restrict t = top + at;
+    for (size_t c = 0; c < len; ++c) s[c] += t[c];
+  }
+  const size_t full_rows = n / p, partial = n % p;
+  int64_t col_total = 0;
+  thread_local std::vector<uint8_t> mean;
+  mean.resize(p);
+  for (size_t c = 0; c < p; ++c) {
+    const size_t count = full_rows + (c < partial);
+    mean[c] = static_cast<uint8_t>((sum[c] + count / 2) / count);
+    col_total += mean[c];
+  }
+  if (phase == kSearchPhase) {
+    // Rows start at the offset b (< p) that maximises the spread of the row sums (less the
+    // column terms) over the whole rows, sum_q (S_q(b) - col_total)^2. S_q(b + 1) is S_q(b)
+    // less its first byte plus the next row's, of the same column, so one sequential pass over
+    // each row and the next gives S_q(b) for every b.
+    thread_local std::vector<int64_t> spread;
+    spread.assign(p, 0);
+    for (size_t q = 0; q + 1 < full_rows; ++q) {
+      const uint8_t* t = top + q * p;
+      int64_t v = -col_total;
+      for (size_t c = 0; c < p; ++c) v += t[c];
+      for (size_t b = 0; b < p; ++b) {
+        spread[b] += v * v;
+        v += int64_t{t[p + b]} - int64_t{t[b]};
+      }
+    }
+    const size_t start =
+        static_cast<size_t>(std::max_element(spread.begin(), spread.end()) - spread.begin());
+    phase = (p - start) % p;
+  }
+  const size_t rows = ModelRows(n, p, phase);
+  terms->Resize(p + rows);
+  auto* col = reinterpret_cast<uint8_t*>(terms->data());
+  auto* row = col + p;
+  for (size_t c = 0; c < p; ++c) col[(c + phase) % p] = mean[c];
+  // Row terms: the rounded mean of each row less its columns' terms; then the residual.
+  ForEachRow(n, p, phase, [&](size_t q, size_t at, size_t column, size_t len) {
+    const int32_t s = RowExcess(top + at, col + column, len);
+    const auto term =
+        static_cast<uint8_t>(std::lround(static_cast<double>(s) / static_cast<double>(len)));
+    row[q] = term;
+    if (res == top) {
+      SubtractTermsInPlace(res + at, col + column, term, len);
+    } else {
+      SubtractTerms(top + at, col + column, term, len, res + at);
+    }
+  });
+  if (hist != nullptr) CountBytes(res, n, hist);
+  return phase;
+}
+
+// Finds and fits the row/column model of the top plane `top` (n bytes): candidate periods from
+// the dips of the bytes and of their differences from the left neighbour (which cancel the row
+// terms, so columns show where rows vary as much), compared on kModelTrial bytes from the
+// middle of the plane (which also give the phase). Where the best makes the trial's order-0
+// entropy smaller by more than 2% with the terms counted, it is fitted to the whole plane, the
+// plane replaced by its residual and the model returned (its terms in per-thread storage);
+// otherwise no model.
+constexpr size_t kModelTrial = 16 << 10;
+TopModel FitTopModel(uint8_t* top, size_t n) {
+  if (n < 4 * kModelWindow) return {};
+  const size_t max_lag = std::min(kModelMaxPeriod, n - kModelWindow - 2);
+  const size_t at = (n - kModelWindow - max_lag - 1) / 2;
+  thread_local std::vector<uint32_t> candidates;
+  candidates.clear();
+  AddDips(top + at, max_lag, &candidates);
+  thread_local std::vector<uint8_t> diff;
+  diff.resize(kModelWindow + max_lag + 1);
+  for (size_t i = 0; i < diff.size(); ++i) {
+    const uint8_t left = at + i > 0 ? top[at + i - 1] : top[at + i];
+    diff[i] = static_cast<uint8_t>(top[at + i] - left + 128);
+  }
+  AddDips(diff.data(), max_lag, &candidates);
+  if (candidates.empty()) return {};
+  const size_t len = std::min(n, kModelTrial);
+  thread_local Buffer terms, residual;
+  residual.Resize(len);
+  auto* res = reinterpret_cast<uint8_t*>(residual.data());
+  const size_t from = (n - len) / 2;
+  const uint8_t* trial = top + from;
+  uint32_t hist[256] = {};
+  CountBytes(trial, len, hist);
+  // Bits per element of the trial; the terms counted as the whole plane pays for them.
+  const double plain = HistogramEntropyBits(hist);
+  double best = 0;
+  size_t period = 0, trial_phase = 0;
+  for (const uint32_t p : candidates) {
+    if (2 * size_t{p} > len) continue;
+    std::fill(std::begin(hist), std::end(hist), 0);
+    const size_t phase = FitModel(trial, len, p, kSearchPhase, &terms, res, hist);
+    const double bits =
+        HistogramEntropyBits(hist) +
+        8.0 * static_cast<double>(kSegmentHeaderBytes + kModelHeaderBytes + p + n / p + 1) /
+            static_cast<double>(n);
+    if (period == 0 || bits < best) {
+      best = bits;
+      period = p;
+      trial_phase = phase;
+    }
+  }
+  if (period == 0 || best >= 0.98 * plain) return {};
+  // Element `from` of the plane sits in the trial's column trial_phase.
+  const size_t phase = (trial_phase + period - from % period) % period;
+  FitModel(top, n, period, phase, &terms, top, nullptr);
+  return {.period = static_cast<uint32_t>(period),
+          .phase = static_cast<uint32_t>(phase),
+          .terms = terms.bytes()};
+}
+
+// Adds the model's terms back to the residual top plane (n bytes).
+void ApplyTopModel(uint8_t* top, size_t n, size_t period, size_t phase, const uint8_t* terms) {
+  const uint8_t* col = terms;
+  const uint8_t* row = terms + period;
+  ForEachRow(n, period, phase, [&](size_t q, size_t at, size_t column, size_t len) {
+    const uint8_t r = row[q];
+    uint8_t* __restrict t = top + at;
+    const uint8_t* __restrict c = col + column;
+    for (size_t k = 0; k < len; ++k) t[k] = static_cast<uint8_t>(t[k] + c[k] + r);
+  });
+}
+
 // With the entropy stage, a plane whose sampled entropy is above this many bits per byte is
 // stored raw without trying anything (mantissa bytes: ~7.9 bits), and one below
 // kTryCodecBelowBits is also given to the block codec, which beats Huffman's 1 bit per byte on
@@ -465,7 +749,8 @@ void PackSegments(const CodecSpec& spec, uint8_t width, Bytes planes, PlaneOptio
   const size_t elements = planes.size() / width;
   const float scale = options.scale;
   out->Clear();
-  out->Reserve(planes.size() + (width + 1) * kSegmentHeaderBytes + kScaleSegmentBytes);
+  out->Reserve(planes.size() + (width + 1) * kSegmentHeaderBytes + kScaleSegmentBytes +
+               options.model.SegmentBytes());
   if (options.rotated) {
     out->Resize(kSegmentHeaderBytes);
     out->data()[0] = static_cast<std::byte>(kRotatedSegment);
@@ -477,6 +762,17 @@ void PackSegments(const CodecSpec& spec, uint8_t width, Bytes planes, PlaneOptio
     uint32_t bits;
     std::memcpy(&bits, &scale, 4);
     PutLE<uint32_t>(out->data() + kSegmentHeaderBytes, bits);
+  }
+  if (const TopModel& model = options.model; model.period != 0) {
+    const size_t at = out->size();
+    out->Resize(at + model.SegmentBytes());
+    std::byte* p = out->data() + at;
+    p[0] = static_cast<std::byte>(kModelSegment);
+    PutLE<uint32_t>(p + 1, static_cast<uint32_t>(kModelHeaderBytes + model.terms.size()));
+    PutLE<uint32_t>(p + kSegmentHeaderBytes, model.period);
+    PutLE<uint32_t>(p + kSegmentHeaderBytes + 4, model.phase);
+    std::memcpy(p + kSegmentHeaderBytes + kModelHeaderBytes, model.terms.data(),
+                model.terms.size());
   }
   for (size_t s = 0; s < width; ++s) PutSegment(spec, planes.subspan(s * elements, elements), out);
   // The tail (< width bytes) as it is.
@@ -531,6 +827,11 @@ size_t EncodeWith(const CodecSpec& spec, Transform t, uint8_t width, Bytes raw,
                   const std::byte* base, PlaneOptions options, Buffer* scratch, Buffer* out) {
   scratch->Resize(raw.size());
   SplitWith(t, width, raw, base, options, scratch->data());
+  if (options.try_model && t == Transform::kPlanes && (width == 2 || width == 4)) {
+    const size_t elements = raw.size() / width;
+    options.model =
+        FitTopModel(reinterpret_cast<uint8_t*>(scratch->data()) + (width - 1) * elements, elements);
+  }
   PackSegments(spec, width, scratch->bytes(), options, out);
   return out->size();
 }
@@ -590,7 +891,11 @@ EncodedPiece EncodePiece(const CodecSpec& spec, Bytes raw, uint8_t width, const 
     best = can_delta ? Transform::kSub : Transform::kPlanes;
     // fp32, bf16 and fp16 without a base: the elements rotated left by one bit where the
     // sampled plane entropies say it pays (docs/engine.md, "Compression").
-    if (!can_delta && (width == 2 || width == 4)) options.rotated = RotationPays(raw, width);
+    if (!can_delta && (width == 2 || width == 4)) {
+      options.rotated = RotationPays(raw, width);
+      // And the top plane predicted by its row and column where the bytes show rows.
+      options.try_model = true;
+    }
     // fp32 deltas: the base scaled by a per-piece factor where that predicts better (Adam's
     // moments decay between versions), decided on the leading bytes of the piece.
     if (can_delta && width == 4) {
@@ -681,15 +986,38 @@ Status DecodePiece(const PieceEncoding& encoding, Bytes stored, Bytes base, Muta
     rotated = true;
     stored = stored.subspan(kSegmentHeaderBytes);
   }
+  const size_t elements = out.size() / encoding.width;
+  size_t period = 0, phase = 0;
+  Bytes terms;
+  if (encoding.transform == Transform::kPlanes && !stored.empty() &&
+      static_cast<uint8_t>(stored[0]) == kModelSegment) {
+    if ((encoding.width != 2 && encoding.width != 4) ||
+        stored.size() < kSegmentHeaderBytes + kModelHeaderBytes) {
+      return Status::Corruption("piece: bad model segment");
+    }
+    const uint32_t len = GetLE<uint32_t>(stored.data() + 1);
+    period = GetLE<uint32_t>(stored.data() + kSegmentHeaderBytes);
+    phase = GetLE<uint32_t>(stored.data() + kSegmentHeaderBytes + 4);
+    if (period < 2 || period > elements || phase >= period ||
+        len != kModelHeaderBytes + period + ModelRows(elements, period, phase) ||
+        len > stored.size() - kSegmentHeaderBytes) {
+      return Status::Corruption("piece: bad model segment");
+    }
+    terms = stored.subspan(kSegmentHeaderBytes + kModelHeaderBytes, len - kModelHeaderBytes);
+    stored = stored.subspan(kSegmentHeaderBytes + len);
+  }
   thread_local Buffer planes;  // per thread: no fresh memory per piece
   planes.Resize(out.size());
   CKPTFS_RETURN_IF_ERROR(UnpackSegments(encoding.width, stored, planes.mutable_bytes()));
+  if (period != 0) {
+    ApplyTopModel(reinterpret_cast<uint8_t*>(planes.data()) + (encoding.width - 1) * elements,
+                  elements, period, phase, reinterpret_cast<const uint8_t*>(terms.data()));
+  }
   if (rotated) {
     JoinRotated(encoding.width, planes.data(), out);
     return Status::OK();
   }
   if (scale != 0) {
-    const size_t elements = out.size() / 4;
     JoinScaled(planes.data(), base.data(), scale, elements, out.data());
     for (size_t k = elements * 4; k < out.size(); ++k) out[k] = planes.data()[k] ^ base[k];
     return Status::OK();

@@ -19,7 +19,13 @@
 // Planes of fp32, bf16 and fp16 (width 4 or 2) without a base may first rotate each element left
 // by one bit (ZipNN's trick: the top plane then holds the whole 8-bit exponent of fp32/bf16 and
 // the sign joins the noisy low plane), where a sample of the piece says that the planes' entropy
-// drops; the container then starts with an empty segment of kind 0x41.
+// drops; the container then starts with an empty segment of kind 0x41. With the entropy stage,
+// the top plane (the exponent) of such a piece is then predicted by a row/column model where the
+// bytes show rows (a tensor's row length, found in the piece itself: the codec is not told the
+// shape) and the model pays on a trial: Adam's moments scale by row and by column, so their
+// exponents are a column term plus a row term plus noise. The container then holds a segment of
+// kind 0x42 (after 0x41, if any) with the row length, the phase and the terms, and the top
+// plane holds the residual. Older containers never have it.
 //
 // With the entropy stage (the default) EncodePiece uses sub for tensors with a base and planes
 // without one (tried per piece: only whether the scaled prediction beats plain sub, on a
