@@ -373,14 +373,14 @@ size_t ModelRows(size_t n, size_t period, size_t phase) {
   return (phase + n + period - 1) / period;
 }
 
-// sad[lag] = the sum of |x[i] - x[i + lag]| over i < kModelWindow, for lag = 1 .. max_lag + 1
-// (x holds kModelWindow + max_lag + 1 bytes). With AVX2 where the CPU has it.
-constexpr size_t kModelWindow = 512;  // a multiple of 32
+// sad[lag] = the sum of |x[i] - x[i + lag]| over i < window (a multiple of 32), for lag in
+// [first, last]. With AVX2 where the CPU has it.
 #if defined(__x86_64__)
-__attribute__((target("avx2"))) void LagSumsAvx2(const uint8_t* x, size_t max_lag, uint64_t* sad) {
-  for (size_t lag = 1; lag <= max_lag + 1; ++lag) {
+__attribute__((target("avx2"))) void LagSumsAvx2(const uint8_t* x, size_t window, size_t first,
+                                                 size_t last, uint64_t* sad) {
+  for (size_t lag = first; lag <= last; ++lag) {
     __m256i acc = _mm256_setzero_si256();
-    for (size_t i = 0; i < kModelWindow; i += 32) {
+    for (size_t i = 0; i < window; i += 32) {
       const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i));
       const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i + lag));
       acc = _mm256_add_epi64(acc, _mm256_sad_epu8(a, b));
@@ -391,37 +391,62 @@ __attribute__((target("avx2"))) void LagSumsAvx2(const uint8_t* x, size_t max_la
   }
 }
 #endif
-void LagSums(const uint8_t* x, size_t max_lag, uint64_t* sad) {
+void LagSums(const uint8_t* x, size_t window, size_t first, size_t last, uint64_t* sad) {
 #if defined(__x86_64__)
   static const bool avx2 = __builtin_cpu_supports("avx2");
-  if (avx2) return LagSumsAvx2(x, max_lag, sad);
+  if (avx2) return LagSumsAvx2(x, window, first, last, sad);
 #endif
-  for (size_t lag = 1; lag <= max_lag + 1; ++lag) {
+  for (size_t lag = first; lag <= last; ++lag) {
     uint64_t sum = 0;
-    for (size_t i = 0; i < kModelWindow; ++i) {
+    for (size_t i = 0; i < window; ++i) {
       sum += static_cast<uint64_t>(x[i] > x[i + lag] ? x[i] - x[i + lag] : x[i + lag] - x[i]);
     }
     sad[lag] = sum;
   }
 }
 
-// The row length of a tensor from its top plane `x` (n bytes): lags at which a window of
-// kModelWindow bytes differs markedly less (sum of absolute differences) from the bytes one lag
-// on than at the lags beside it (the same column one row on). Appends the deepest such dip
-// and the smallest of its divisors that dips half as deep (multiples of the row length dip too).
+// The row length of a tensor from its top plane `x` (kModelWindow + max_lag + 1 bytes): lags at
+// which a window of kModelWindow bytes differs markedly less (sum of absolute differences) from
+// the bytes one lag on than at the lags beside it (the same column one row on). The dips are
+// looked for on the first kModelCoarse bytes of the window at every lag, and the deepest few
+// measured on the whole window. Appends the deepest dip and the smallest of its divisors that
+// dips half as deep (multiples of the row length dip too).
+constexpr size_t kModelWindow = 512;  // multiples of 32
+constexpr size_t kModelCoarse = 128;
+constexpr size_t kModelCoarseDips = 16;
 constexpr size_t kModelMaxPeriod = 4096;
 void AddDips(const uint8_t* x, size_t max_lag, std::vector<uint32_t>* out) {
-  thread_local std::vector<uint64_t> sad;
-  sad.assign(max_lag + 2, 0);
-  LagSums(x, max_lag, sad.data());
   // The dip at a lag: sad[lag] / min(sad[lag - 1], sad[lag + 1]), compared as integers.
-  auto beside = [&](size_t lag) { return std::min(sad[lag - 1], sad[lag + 1]); };
-  size_t best = 0;
+  thread_local std::vector<uint64_t> coarse, fine;
+  coarse.assign(max_lag + 2, 0);
+  LagSums(x, kModelCoarse, 1, max_lag + 1, coarse.data());
+  auto deeper = [](const std::vector<uint64_t>& sad, size_t a, size_t b) {  // a's dip below b's
+    const uint64_t ba = std::min(sad[a - 1], sad[a + 1]), bb = std::min(sad[b - 1], sad[b + 1]);
+    return sad[a] * bb < sad[b] * ba;
+  };
+  size_t top[kModelCoarseDips] = {};  // the deepest coarse dips, deepest first (0: none)
   for (size_t lag = 2; lag <= max_lag; ++lag) {
-    if (beside(lag) == 0) continue;
-    if (best == 0 || sad[lag] * beside(best) < sad[best] * beside(lag)) best = lag;
+    if (std::min(coarse[lag - 1], coarse[lag + 1]) == 0) continue;
+    if (top[kModelCoarseDips - 1] != 0 && !deeper(coarse, lag, top[kModelCoarseDips - 1])) continue;
+    size_t at = kModelCoarseDips - 1;
+    while (at > 0 && (top[at - 1] == 0 || deeper(coarse, lag, top[at - 1]))) {
+      top[at] = top[at - 1];
+      --at;
+    }
+    top[at] = lag;
   }
-  if (best == 0 || 10 * sad[best] >= 9 * beside(best)) return;  // dips under 10%: noise
+  fine.assign(max_lag + 2, UINT64_MAX);  // measured on the whole window where asked for
+  auto sad = [&](size_t lag) {
+    if (fine[lag] == UINT64_MAX) LagSums(x, kModelWindow, lag, lag, fine.data());
+    return fine[lag];
+  };
+  auto beside = [&](size_t lag) { return std::min(sad(lag - 1), sad(lag + 1)); };
+  size_t best = 0;
+  for (const size_t lag : top) {
+    if (lag == 0 || beside(lag) == 0) continue;
+    if (best == 0 || sad(lag) * beside(best) < sad(best) * beside(lag)) best = lag;
+  }
+  if (best == 0 || 10 * sad(best) >= 9 * beside(best)) return;  // dips under 10%: noise
   auto add = [&](size_t lag) {
     if (std::find(out->begin(), out->end(), lag) == out->end()) {
       out->push_back(static_cast<uint32_t>(lag));
@@ -430,7 +455,7 @@ void AddDips(const uint8_t* x, size_t max_lag, std::vector<uint32_t>* out) {
   add(best);
   // The smallest divisor whose dip is at least half as deep: sad[d] / beside(d) <= (1 + dip) / 2.
   auto deep = [&](size_t d) {
-    return 2 * sad[d] * beside(best) <= beside(d) * (beside(best) + sad[best]);
+    return 2 * sad(d) * beside(best) <= beside(d) * (beside(best) + sad(best));
   };
   // The divisors in increasing order: k up to sqrt(best), then best / k for k down from there.
   size_t smallest = 0, k = 2;
