@@ -9,6 +9,12 @@ entropy, not a codec; the codec stores ~0.5% of raw more than these bounds).
   exponent_study.py delta OLD.pt NEW.pt  changed tensors: sub (what ckptfs stores), sub of the
                                          rotated elements, the rotated difference, rotated xor,
                                          and sub with an order-1 context on its top plane
+  exponent_study.py model FILE.pt        first versions: the 8-bit exponent's entropy (bits per
+                                         element) order 0, given the element to the left, the
+                                         one above (the previous row), both, its row's and its
+                                         column's mean; and per 1 MiB piece the residual against
+                                         column + row terms as ckptfs stores it (segment 0x42),
+                                         terms counted, with the true row length and phase
 
 Stored / raw over the fp32 and bf16 tensors of more than 1024 elements. Needs torch
 (/usr/bin/python3 on this machine).
@@ -135,9 +141,65 @@ def delta(old_path, new_path):
         print(kind, {k: round(x / d["bits"], 4) for k, x in d.items() if k != "bits"})
 
 
+def h_cond(ctx, x):  # H(x | ctx) for integer arrays, in bits
+    j = ctx.astype(np.int64) * (int(x.max()) + 1) + x
+    return entropy(np.unique(j, return_counts=True)[1]) - entropy(np.unique(ctx, return_counts=True)[1])
+
+
+def row_column_bits(e, cols, phase):  # the residual against column + row terms, and the terms
+    idx = np.arange(e.size) + phase
+    col, row = idx % cols, idx // cols
+    c = np.rint(np.bincount(col, e, cols) / np.maximum(np.bincount(col, None, cols), 1)).astype(np.int64)
+    r = np.rint(np.bincount(row, e - c[col]) / np.maximum(np.bincount(row), 1)).astype(np.int64)
+    return e.size * h((e - c[col] - r[row]) & 255) + 8 * (cols + r.size + 13)
+
+
+def model(path):
+    tot = {}
+    for key, t in tensors(path).items():
+        kind = "exp_avg_sq" if "exp_avg_sq" in key else "exp_avg" if "exp_avg" in key else "other"
+        u, w = bits_of(t)
+        e = ((u >> np.uint64(w - 9)) & np.uint64(0xFF)).astype(np.int64)
+        d = tot.setdefault(kind, {"n": 0})
+        n = e.size
+
+        def add(k, bits):
+            d[k] = d.get(k, 0.0) + bits
+        add("order 0", n * h(e))
+        add("| left", n * h_cond(np.concatenate([[0], e[:-1]]), e))
+        if t.dim() == 2:
+            rows, cols = t.shape
+            e2 = e.reshape(rows, cols)
+            above = np.vstack([np.zeros((1, cols), np.int64), e2[:-1]]).ravel()
+            left = np.hstack([np.zeros((rows, 1), np.int64), e2[:, :-1]]).ravel()
+            rm = np.broadcast_to(np.rint(e2.mean(1))[:, None], e2.shape).ravel().astype(np.int64)
+            cm = np.broadcast_to(np.rint(e2.mean(0)), e2.shape).ravel().astype(np.int64)
+            add("| above", n * h_cond(above, e))
+            add("| left, above", n * h_cond(left * 256 + above, e))
+            add("| row mean", n * h_cond(rm, e))
+            add("| column mean", n * h_cond(cm, e))
+            add("| row, column mean", n * h_cond(rm * 256 + cm, e))
+        else:
+            cols = 0
+            for k in ("| above", "| left, above", "| row mean", "| column mean", "| row, column mean"):
+                add(k, n * h(e))
+        per = (1 << 20) // (w // 8)
+        for a in range(0, n, per):
+            x = e[a:a + per]
+            o0 = x.size * h(x) + 8 * table_bytes(np.bincount(x, minlength=256))
+            add("pieces: order 0", o0)
+            add("pieces: row/column model", min(o0, row_column_bits(x, cols, a % cols)) if cols else o0)
+        d["n"] += n
+    for kind, d in tot.items():
+        n = d.pop("n")
+        print(kind, {k: round(v / n, 3) for k, v in d.items()})
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "first":
         first(sys.argv[2])
+    elif len(sys.argv) == 3 and sys.argv[1] == "model":
+        model(sys.argv[2])
     elif len(sys.argv) == 4 and sys.argv[1] == "delta":
         delta(sys.argv[2], sys.argv[3])
     else:
