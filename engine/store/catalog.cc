@@ -1,7 +1,11 @@
 #include "engine/store/catalog.h"
 
 #include <spdlog/spdlog.h>
+#include <sys/mman.h>
+#include <sys/statvfs.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <vector>
@@ -13,7 +17,8 @@
 namespace ckptfs {
 namespace {
 
-constexpr size_t kMapSize = size_t{1} << 40;  // address space only; the file grows as used
+constexpr uint64_t kMapUnit = uint64_t{1} << 30;
+constexpr uint64_t kMaxMapBytes = uint64_t{1} << 40;
 
 Status LmdbError(int rc, std::string_view what) {
   std::string msg = "catalog " + std::string(what) + ": " + mdb_strerror(rc);
@@ -189,8 +194,16 @@ Status LmdbDel(MDB_txn* txn, MDB_dbi dbi, MDB_val key) {
 
 }  // namespace
 
+uint64_t Catalog::MapBytesFor(const std::filesystem::path& dir) {
+  struct statvfs fs;
+  if (::statvfs(dir.c_str(), &fs) != 0) return kMaxMapBytes;
+  const uint64_t bytes = uint64_t{fs.f_blocks} * fs.f_frsize;
+  if (bytes >= kMaxMapBytes) return kMaxMapBytes;
+  return std::max(kMapUnit, (bytes + kMapUnit - 1) / kMapUnit * kMapUnit);
+}
+
 Result<std::unique_ptr<Catalog>> Catalog::Open(const std::filesystem::path& dir,
-                                               uint64_t reserve_bytes) {
+                                               uint64_t reserve_bytes, uint64_t map_bytes) {
   std::unique_ptr<Catalog> c(new Catalog());
   c->dir_ = dir;
   std::error_code ec;
@@ -200,7 +213,8 @@ Result<std::unique_ptr<Catalog>> Catalog::Open(const std::filesystem::path& dir,
   // live page. Nothing opens (or writes) a catalog that fails the structural check.
   if (Status st = CheckLmdbFile(dir / "data.mdb"); !st.ok() && !st.IsNotFound()) return st;
   int rc = mdb_env_create(&c->env_);
-  if (rc == 0) rc = mdb_env_set_mapsize(c->env_, kMapSize);
+  if (map_bytes == 0) map_bytes = MapBytesFor(dir);
+  if (rc == 0) rc = mdb_env_set_mapsize(c->env_, map_bytes);
   if (rc == 0) rc = mdb_env_set_maxdbs(c->env_, 32);
   if (rc == 0) rc = mdb_env_set_maxreaders(c->env_, 1024);
   if (rc == 0) rc = mdb_env_open(c->env_, dir.c_str(), MDB_NOTLS, 0600);
@@ -274,6 +288,12 @@ Result<std::unique_ptr<Catalog>> Catalog::Open(const std::filesystem::path& dir,
     CKPTFS_ASSIGN_OR_RETURN(uint64_t checksums, read.GetCounter(kRowChecksumsKey));
     c->t_.row_checksums = checksums != 0;
   }
+  MDB_envinfo info;
+  mdb_env_info(c->env_, &info);
+  {
+    MutexLock lock(c->map_mu_);
+    c->map_bytes_ = info.me_mapsize;
+  }
   c->reserve_ = std::make_unique<SpaceReserve>(dir / "reserve", reserve_bytes);
   if (Status st = c->reserve_->Refill(); !st.ok()) {
     spdlog::warn("no space reserve: {}; deleting versions on a full disk may fail", st.ToString());
@@ -287,25 +307,82 @@ Status Catalog::Update(SpaceUse use, const std::function<Status(WriteTxn&)>& bod
     CKPTFS_RETURN_IF_ERROR(body(txn));
     return txn.Commit();
   };
-  return use == SpaceUse::kFreesSpace ? FreeingSpace(change) : change();
+  return use == SpaceUse::kFreesSpace ? FreeingSpace(change) : WithRoomInMap(change);
 }
 
 Status Catalog::FreeingSpace(const std::function<Status()>& change) {
-  Status st = change();
+  Status st = WithRoomInMap(change);
   if (st.IsNoSpace() && reserve_->Release()) {
     spdlog::warn(
         "disk full: released the {} MiB space reserve to delete; run `ckptfs gc` to "
         "free the space of deleted versions",
         reserve_->bytes() >> 20);
-    st = change();
+    st = WithRoomInMap(change);
   }
   return st;
+}
+
+Status Catalog::WithRoomInMap(const std::function<Status()>& change) {
+  Status st = change();
+  if (st.IsNoSpace() && GrowMap()) st = change();
+  return st;
+}
+
+bool Catalog::GrowMap() {
+  const uint64_t bound = MapBytesFor(dir_);
+  MutexLock lock(map_mu_);
+  if (map_bytes_ >= bound || open_txns_ != 0 || unusable_) return false;
+  // LMDB unmaps the old map before it maps the new one, and is left without a map if that
+  // fails: see first that the address space is there.
+  void* probe =
+      ::mmap(nullptr, bound, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (probe == MAP_FAILED) {
+    spdlog::warn("catalog {}: cannot grow its map from {} to {} MiB ({}): the catalog is full",
+                 dir_.string(), map_bytes_ >> 20, bound >> 20, std::strerror(errno));
+    return false;
+  }
+  ::munmap(probe, bound);
+  // No transaction is open and none can begin while map_mu_ is held: LMDB may remap.
+  if (int rc = mdb_env_set_mapsize(env_, bound); rc != 0) {
+    unusable_ = true;
+    spdlog::error(
+        "catalog {}: growing its map to {} MiB failed ({}); the catalog is unusable "
+        "until the store is opened again (remount)",
+        dir_.string(), bound >> 20, mdb_strerror(rc));
+    return false;
+  }
+  spdlog::info("catalog {}: map grown from {} to {} MiB (the filesystem's size)", dir_.string(),
+               map_bytes_ >> 20, bound >> 20);
+  map_bytes_ = bound;
+  return true;
+}
+
+uint64_t Catalog::map_bytes() const {
+  MutexLock lock(map_mu_);
+  return map_bytes_;
+}
+
+Status Catalog::TxnBegins() const {
+  MutexLock lock(map_mu_);
+  if (unusable_) {
+    return Status::IOError("catalog " + dir_.string() +
+                           " lost its map (a failed remap, logged); unmount and mount again");
+  }
+  ++open_txns_;
+  return Status::OK();
+}
+
+void Catalog::TxnEnded() const {
+  MutexLock lock(map_mu_);
+  --open_txns_;
 }
 
 Status Catalog::RefillReserve() { return reserve_->Refill(); }
 
 Status Catalog::CopyTo(const std::filesystem::path& dir) const {
+  CKPTFS_RETURN_IF_ERROR(TxnBegins());  // the copy reads in a transaction of its own
   int rc = mdb_env_copy2(env_, dir.c_str(), MDB_CP_COMPACT);
+  TxnEnded();
   if (rc != 0) return LmdbError(rc, "copy to " + dir.string());
   return Status::OK();
 }
@@ -315,21 +392,32 @@ Catalog::~Catalog() {
 }
 
 Result<Catalog::ReadTxn> Catalog::BeginRead() const {
+  CKPTFS_RETURN_IF_ERROR(TxnBegins());
   MDB_txn* txn = nullptr;
   int rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn);
-  if (rc != 0) return LmdbError(rc, "begin read");
-  return ReadTxn(txn, t_);
+  if (rc != 0) {
+    TxnEnded();
+    return LmdbError(rc, "begin read");
+  }
+  return ReadTxn(this, txn, t_);
 }
 
 Result<Catalog::WriteTxn> Catalog::BeginWrite() {
+  // Counted from before the wait for LMDB's writer lock: GrowMap waits for none.
+  CKPTFS_RETURN_IF_ERROR(TxnBegins());
   MDB_txn* txn = nullptr;
   int rc = mdb_txn_begin(env_, nullptr, 0, &txn);
-  if (rc != 0) return LmdbError(rc, "begin write");
-  return WriteTxn(txn, t_);
+  if (rc != 0) {
+    TxnEnded();
+    return LmdbError(rc, "begin write");
+  }
+  return WriteTxn(this, txn, t_);
 }
 
 Catalog::ReadTxn::~ReadTxn() {
-  if (txn_ != nullptr) mdb_txn_abort(txn_);
+  if (txn_ == nullptr) return;
+  mdb_txn_abort(txn_);
+  owner_->TxnEnded();
 }
 
 Result<std::optional<ChunkRow>> Catalog::ReadTxn::GetChunk(const ChunkId& id) const {
@@ -588,6 +676,7 @@ uint64_t Catalog::ReadTxn::id() const { return mdb_txn_id(txn_); }
 Status Catalog::WriteTxn::Commit() {
   int rc = mdb_txn_commit(txn_);
   txn_ = nullptr;
+  owner_->TxnEnded();
   return rc == 0 ? Status::OK() : LmdbError(rc, "commit");
 }
 

@@ -43,6 +43,7 @@
 #include "engine/codec/piece_codec.h"
 #include "engine/hash/chunk_id.h"
 #include "engine/store/space_reserve.h"
+#include "engine/util/mutex.h"
 #include "engine/util/status.h"
 
 namespace ckptfs {
@@ -89,9 +90,14 @@ struct ChunkRef {
 class Catalog {
  public:
   // Opens (creating if needed) the LMDB environment in `dir`, with a space reserve of
-  // reserve_bytes (0: none) that it takes now if the disk has room.
+  // reserve_bytes (0: none) that it takes now if the disk has room. map_bytes is the address
+  // space mapped at first (0: the filesystem's size, MapBytesFor(dir)); LMDB raises it to the
+  // file's size if the file is larger.
   static Result<std::unique_ptr<Catalog>> Open(const std::filesystem::path& dir,
-                                               uint64_t reserve_bytes = 0);
+                                               uint64_t reserve_bytes = 0, uint64_t map_bytes = 0);
+  // The map a catalog in `dir` gets: the size of the filesystem holding dir, rounded up to a
+  // multiple of 1 GiB, between 1 GiB and 1 TiB (1 TiB if the size cannot be read).
+  static uint64_t MapBytesFor(const std::filesystem::path& dir);
   ~Catalog();
   Catalog(const Catalog&) = delete;
   Catalog& operator=(const Catalog&) = delete;
@@ -121,6 +127,8 @@ class Catalog {
   // not). Called after gc has freed space.
   Status RefillReserve();
   bool reserve_held() const { return reserve_ && reserve_->held(); }
+  // The address space LMDB maps now (see "Address space" above).
+  uint64_t map_bytes() const EXCLUDES(map_mu_);
   // Writes a compacted copy of the whole catalog, as of one read transaction, to
   // dir/data.mdb (dir must exist and hold no data.mdb); writers go on meanwhile. The object
   // store backend publishes these images (docs/scale-out.md).
@@ -133,7 +141,21 @@ class Catalog {
     bool row_checksums = false;  // raw rows end in a checksum (see the top of this file)
   };
   Catalog() = default;
+  // Every transaction (and CopyTo's) is counted from before it begins until it ends, so that
+  // GrowMap can remap only while none is open.
+  // IOError once a failed remap left LMDB without a map.
+  Status TxnBegins() const EXCLUDES(map_mu_);
+  void TxnEnded() const EXCLUDES(map_mu_);
+  // Runs change; if it fails with NoSpace and GrowMap() grew the map, runs it once more.
+  Status WithRoomInMap(const std::function<Status()>& change);
+  // Grows the map to MapBytesFor(dir_) if it is smaller and no transaction is open. Returns
+  // whether it grew.
+  bool GrowMap() EXCLUDES(map_mu_);
   MDB_env* env_ = nullptr;
+  mutable Mutex map_mu_;
+  mutable uint64_t open_txns_ GUARDED_BY(map_mu_) = 0;
+  uint64_t map_bytes_ GUARDED_BY(map_mu_) = 0;
+  bool unusable_ GUARDED_BY(map_mu_) = false;
   std::unique_ptr<SpaceReserve> reserve_;
   Tables t_{};
   std::filesystem::path dir_;
@@ -141,7 +163,7 @@ class Catalog {
 
 class Catalog::ReadTxn {
  public:
-  ReadTxn(ReadTxn&& o) noexcept : txn_(o.txn_), t_(o.t_) { o.txn_ = nullptr; }
+  ReadTxn(ReadTxn&& o) noexcept : owner_(o.owner_), txn_(o.txn_), t_(o.t_) { o.txn_ = nullptr; }
   ReadTxn& operator=(ReadTxn&&) = delete;
   ~ReadTxn();  // a write transaction that was not committed aborts
 
@@ -180,7 +202,8 @@ class Catalog::ReadTxn {
 
  protected:
   friend class Catalog;
-  ReadTxn(MDB_txn* txn, const Tables& t) : txn_(txn), t_(t) {}
+  ReadTxn(const Catalog* owner, MDB_txn* txn, const Tables& t) : owner_(owner), txn_(txn), t_(t) {}
+  const Catalog* owner_;  // told when the transaction ends (txn_ becomes null)
   MDB_txn* txn_;
   Tables t_;
 };

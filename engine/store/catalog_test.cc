@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 #include <lmdb.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -227,6 +228,57 @@ TEST_F(CatalogTest, CatalogWithoutRowChecksumsStillOpens) {
   int problems = 0;
   ASSERT_TRUE(txn.CheckRows([&](const Status&) { ++problems; }).ok());
   EXPECT_EQ(problems, 0);
+}
+
+TEST_F(CatalogTest, MapIsTheFilesystemsSize) {
+  struct statvfs fs;
+  ASSERT_EQ(::statvfs(dir_.c_str(), &fs), 0);
+  const uint64_t fs_bytes = uint64_t{fs.f_blocks} * fs.f_frsize;
+  const uint64_t map = Catalog::MapBytesFor(dir_);
+  EXPECT_EQ(catalog_->map_bytes(), map);
+  EXPECT_EQ(map % (uint64_t{1} << 30), 0u);
+  EXPECT_GE(map, std::min(fs_bytes, uint64_t{1} << 40));
+  EXPECT_LT(map, std::max(fs_bytes, uint64_t{1} << 30) + (uint64_t{1} << 30));
+  EXPECT_LE(map, uint64_t{1} << 40);
+}
+
+// A catalog opened with a 1 MiB map takes 8 MiB of rows: the change that finds the map full
+// grows it to the filesystem's size and runs again, but only once no transaction is open.
+TEST_F(CatalogTest, GrowsPastTheFirstMapSize) {
+  catalog_.reset();
+  std::filesystem::remove_all(dir_);
+  constexpr uint64_t kFirstMap = uint64_t{1} << 20;
+  catalog_ = std::move(*Catalog::Open(dir_, 0, kFirstMap));
+  ASSERT_EQ(catalog_->map_bytes(), kFirstMap);
+  auto value = [](int i) { return std::string(64 << 10, static_cast<char>('a' + i % 26)); };
+  auto key = [](int i) { return "row" + std::to_string(i); };
+  auto put = [&](int i) {
+    return catalog_->Update(Catalog::SpaceUse::kNormal, [&](Catalog::WriteTxn& txn) {
+      return txn.Put(Table::kContentMeta, key(i), value(i));
+    });
+  };
+  int i = 0;
+  {
+    // While a reader is open the map cannot be remapped: the change that fills it fails.
+    auto reader = *catalog_->BeginRead();
+    Status st;
+    for (; i < 128 && (st = put(i)).ok(); ++i) {
+    }
+    ASSERT_LT(i, 128) << "1 MiB of map took 8 MiB of rows";
+    EXPECT_TRUE(st.IsNoSpace()) << st.ToString();
+    EXPECT_EQ(catalog_->map_bytes(), kFirstMap);
+    EXPECT_FALSE(reader.Get(Table::kContentMeta, key(i))->has_value());
+  }
+  for (; i < 128; ++i) ASSERT_TRUE(put(i).ok()) << "row " << i;
+  EXPECT_EQ(catalog_->map_bytes(), Catalog::MapBytesFor(dir_));
+  catalog_.reset();
+  catalog_ = std::move(*Catalog::Open(dir_));
+  auto txn = *catalog_->BeginRead();
+  for (int j = 0; j < 128; ++j) {
+    auto got = *txn.Get(Table::kContentMeta, key(j));
+    ASSERT_TRUE(got.has_value()) << "row " << j;
+    EXPECT_EQ(*got, value(j)) << "row " << j;
+  }
 }
 
 }  // namespace
