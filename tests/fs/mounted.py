@@ -83,6 +83,17 @@ def wait_until(predicate, timeout, interval=0.05):
     return predicate()
 
 
+def sanitizer(binary=CKPTFS):
+    """"address" or "thread" when `binary` is built with that sanitizer (scripts/sanitize.sh),
+    else None: its runtime's init symbol is in the file, linked in or imported."""
+    import mmap
+    with open(binary, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        for symbol, name in ((b"__asan_init", "address"), (b"__tsan_init", "thread")):
+            if m.find(symbol) >= 0:
+                return name
+    return None
+
+
 def run(args, check=True, timeout=300, **kwargs):
     """Runs a command, capturing text output; raises with the output on failure."""
     p = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -12,7 +12,8 @@ Must-shows:
   every value (memory-mapped, the default) equals the saved tensor by SHA-1, then three
   (768 MiB) as copies (mmap=False): the mapping holds no tensor it returned, so nothing is
   OOM-killed (lazy_load used to keep every value, as an in-memory copy: killed at the second).
-  With `--cache-size 128M`, the daemon's peak RSS stays <= cache + in-flight budget + 64 MiB.
+  With `--cache-size 128M`, the daemon's peak RSS stays <= cache + in-flight budget + 64 MiB
+  (not checked when ckptfs is a sanitizer build: the sanitizer's own memory counts in its RSS).
 - ckptfs.load_into a model whose own parameters fill most of the cgroup (256 MiB fp32 +
   128 MiB bf16, set to NaN first; with torch's own ~115 MiB the loader's anonymous memory is
   ~500 MiB of the 512 before it reads anything): both tensors restored, converted to the
@@ -240,8 +241,15 @@ class LowMemoryTest(mounted.MountedTestCase):
             for name, e in got.items():
                 self.assertEqual((e["dtype"], e["shape"]), ("torch.float32", [ROWS, COLS]))
                 self.assertEqual(e["sha1"], self.expected[name], "%s (%s) differs" % (name, mode))
-        self.assertLessEqual(hwm * 1024, bound, "daemon peak RSS %.0f MiB > %d MiB"
-                             % (hwm / 1024, bound // MiB))
+        sanitizer = mounted.sanitizer()
+        if sanitizer:
+            # The sanitizer's shadow memory and quarantine are the daemon's RSS too: the bound
+            # is about ckptfs's own memory, so it is checked in ordinary builds only.
+            print("daemon peak RSS not checked: ckptfs is built with the %s sanitizer"
+                  % sanitizer, file=sys.stderr)
+        else:
+            self.assertLessEqual(hwm * 1024, bound, "daemon peak RSS %.0f MiB > %d MiB"
+                                 % (hwm / 1024, bound // MiB))
 
     def test_load_into_model_filling_the_cgroup(self):
         start = time.monotonic()
