@@ -45,7 +45,7 @@ PackWriter::PackWriter(std::filesystem::path dir, Options options)
     : dir_(std::move(dir)), options_(options) {}
 
 PackWriter::~PackWriter() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (uring_ok_) {
     (void)WaitAllInflight();
     io_uring_queue_exit(&ring_);
@@ -57,6 +57,7 @@ Result<std::unique_ptr<PackWriter>> PackWriter::Open(const std::filesystem::path
                                                      std::optional<PackExtent> resume,
                                                      uint32_t next_id) {
   std::unique_ptr<PackWriter> w(new PackWriter(dir, options));
+  MutexLock lock(w->mu_);
   if (options.use_io_uring) {
     int rc = io_uring_queue_init(kRingDepth, &w->ring_, 0);
     if (rc == 0) {
@@ -65,7 +66,6 @@ Result<std::unique_ptr<PackWriter>> PackWriter::Open(const std::filesystem::path
       spdlog::info("io_uring unavailable ({}); pack writes use pwrite", std::strerror(-rc));
     }
   }
-  std::lock_guard lock(w->mu_);
   w->next_id_ = next_id;
   if (resume && resume->length < options.target_bytes) {
     CKPTFS_RETURN_IF_ERROR(w->StartPack(resume->pack_id, resume->length));
@@ -106,7 +106,7 @@ Result<PackLocation> PackWriter::Append(const RecordHeader& header, Buffer paylo
   if (header.stored_len != header_len - kRecordHeaderBytes + payload.size()) {
     return Status::InvalidArgument("record header does not match its payload's length");
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (uring_ok_) CKPTFS_RETURN_IF_ERROR(Reap(false));
   PackState* st = active_ ? &State(active_) : nullptr;
   size_t total = header_len + payload.size();
@@ -237,7 +237,7 @@ Status PackWriter::WaitAllInflight() {
 }
 
 Status PackWriter::WaitWritten() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (uring_ok_) CKPTFS_RETURN_IF_ERROR(WaitAllInflight());
   return Status::OK();
 }
@@ -248,7 +248,7 @@ Status PackWriter::Sync() {
   uint64_t length = 0;
   std::filesystem::path path;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (uring_ok_) CKPTFS_RETURN_IF_ERROR(WaitAllInflight());
     if (active_ == 0) return Status::OK();
     PackState& st = State(active_);
@@ -259,7 +259,7 @@ Status PackWriter::Sync() {
     path = st.path;
   }
   Status s = DataSync(fd->get(), path);
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   PackState& st = State(id);
   if (!s.ok()) {
     st.failed_at = std::min(st.failed_at, st.synced);
@@ -271,7 +271,7 @@ Status PackWriter::Sync() {
 }
 
 bool PackWriter::IsDurable(const PackLocation& loc) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = packs_.find(loc.pack_id);
   if (it == packs_.end()) return false;
   const PackState& st = it->second;
@@ -280,7 +280,7 @@ bool PackWriter::IsDurable(const PackLocation& loc) const {
 }
 
 Status PackWriter::Rotate() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return RotateLocked();
 }
 
@@ -303,12 +303,12 @@ Status PackWriter::RotateLocked() {
 }
 
 uint32_t PackWriter::ReserveId() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return next_id_++;
 }
 
 uint32_t PackWriter::active_pack_id() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return active_;
 }
 

@@ -21,13 +21,13 @@
 #include <filesystem>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <vector>
 
 #include "engine/store/record.h"
 #include "engine/util/buffer.h"
 #include "engine/util/file.h"
+#include "engine/util/mutex.h"
 #include "engine/util/status.h"
 
 namespace ckptfs {
@@ -97,30 +97,29 @@ class PackWriter {
   struct InflightWrite;
 
   PackWriter(std::filesystem::path dir, Options options);
-  // All private members below REQUIRE mu_ held.
-  Status StartPack(uint32_t id, std::optional<uint64_t> resume_length);
-  Status RotateLocked();
-  Status SubmitWrite(std::unique_ptr<InflightWrite> write);
+  Status StartPack(uint32_t id, std::optional<uint64_t> resume_length) REQUIRES(mu_);
+  Status RotateLocked() REQUIRES(mu_);
+  Status SubmitWrite(std::unique_ptr<InflightWrite> write) REQUIRES(mu_);
   // Waits for completions: at least one when `wait_one`, else only those already done.
-  Status Reap(bool wait_one);
-  void Complete(InflightWrite* write, int result);
+  Status Reap(bool wait_one) REQUIRES(mu_);
+  void Complete(InflightWrite* write, int result) REQUIRES(mu_);
   // Starts writeback of the pack's written bytes once enough have gathered, so that the next
   // Sync() finds little dirty data (sync_file_range; asynchronous on the ring).
-  void StartWriteback(PackState& st, uint64_t end);
-  Status WaitAllInflight();
-  PackState& State(uint32_t id) { return packs_[id]; }
+  void StartWriteback(PackState& st, uint64_t end) REQUIRES(mu_);
+  Status WaitAllInflight() REQUIRES(mu_);
+  PackState& State(uint32_t id) REQUIRES(mu_) { return packs_[id]; }
 
   const std::filesystem::path dir_;
   const Options options_;
-  mutable std::mutex mu_;
-  std::map<uint32_t, PackState> packs_;  // GUARDED_BY(mu_)
-  uint32_t active_ = 0;                  // GUARDED_BY(mu_); 0: none (start one on Append)
-  uint32_t next_id_ = 1;                 // GUARDED_BY(mu_)
-  bool uring_ok_ = false;
-  io_uring ring_{};
-  size_t inflight_ = 0;      // GUARDED_BY(mu_): ring entries not yet reaped
-  size_t queued_bytes_ = 0;  // GUARDED_BY(mu_): record bytes of those entries
-  Status last_error_;        // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  std::map<uint32_t, PackState> packs_ GUARDED_BY(mu_);
+  uint32_t active_ GUARDED_BY(mu_) = 0;  // 0: none (start one on Append)
+  uint32_t next_id_ GUARDED_BY(mu_) = 1;
+  bool uring_ok_ = false;  // set by Open, then read-only
+  io_uring ring_ GUARDED_BY(mu_){};
+  size_t inflight_ GUARDED_BY(mu_) = 0;      // ring entries not yet reaped
+  size_t queued_bytes_ GUARDED_BY(mu_) = 0;  // record bytes of those entries
+  Status last_error_ GUARDED_BY(mu_);
 };
 
 }  // namespace ckptfs
