@@ -69,7 +69,7 @@ ContentWriter::~ContentWriter() {
 
 Status ContentWriter::Append(Bytes data) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!error_.ok()) return error_;
   }
   while (!data.empty()) {
@@ -144,7 +144,7 @@ void ContentWriter::CutAt(uint64_t offset, std::optional<Piece> next) {
 
 Status ContentWriter::Cut() {
   if (!current_.empty()) Submit();
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return error_;
 }
 
@@ -165,7 +165,7 @@ void ContentWriter::Submit() {
   const size_t bytes = chunk.size();
   Slot* slot;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     slots_.push_back(Slot{ChunkRef{chunk_start_, ChunkId{}, static_cast<uint32_t>(bytes)}, {}});
     slot = &slots_.back();  // deque: stays valid as more slots are added
     ++pending_;
@@ -195,7 +195,7 @@ void ContentWriter::Submit() {
     if (hint.base && hint.base->first == id) hint.cache = false;  // unchanged: dedup
     Result<ChunkRow> row = store_->PutChunk(id, std::move(*owned), hint);
     store_->inflight_.Release(bytes);
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (hint.base) slot->base = hint.base->first;
     slot->ref.id = id;
     if (row.ok()) {
@@ -204,17 +204,17 @@ void ContentWriter::Submit() {
     } else if (error_.ok()) {
       error_ = row.status();
     }
-    if (--pending_ == 0) idle_cv_.notify_all();
+    if (--pending_ == 0) idle_cv_.NotifyAll();
   });
 }
 
-void ContentWriter::WaitIdle() {
-  std::unique_lock lock(mu_);
-  idle_cv_.wait(lock, [&] { return pending_ == 0; });
+void ContentWriter::WaitIdle(MutexLock& lock) {
+  while (pending_ != 0) idle_cv_.Wait(lock);
 }
 
 void ContentWriter::Abandon() {
-  WaitIdle();
+  MutexLock lock(mu_);
+  WaitIdle(lock);
   for (const Slot& s : slots_) {
     if (s.pinned) store_->Unpin(s.ref.id);
     if (s.base) store_->Unpin(*s.base);
@@ -233,9 +233,12 @@ Result<size_t> ContentWriter::ReadBack(uint64_t offset, MutableBytes out) {
     if (got != n) return Status::Corruption("base content is shorter than recorded");
     done = n;
   }
-  WaitIdle();
+  {
+    MutexLock lock(mu_);
+    WaitIdle(lock);
+  }
   CKPTFS_RETURN_IF_ERROR(store_->packs_->WaitWritten());
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   CKPTFS_RETURN_IF_ERROR(error_);
   for (const Slot& slot : slots_) {
     if (done == want) break;
@@ -258,10 +261,10 @@ Result<size_t> ContentWriter::ReadBack(uint64_t offset, MutableBytes out) {
 
 Result<ContentId> ContentWriter::Finish(const CommitHook& hook) {
   if (!current_.empty()) Submit();
-  WaitIdle();
   Status err;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
+    WaitIdle(lock);
     err = error_;
   }
   if (!err.ok()) {
@@ -269,12 +272,15 @@ Result<ContentId> ContentWriter::Finish(const CommitHook& hook) {
     return err;
   }
   std::vector<Store::CommitRef> refs;
-  refs.reserve(slots_.size());
-  for (const Slot& s : slots_) {
-    // A piece stored whole although it had a whole base: the re-encoder reverses the pair.
-    std::optional<ChunkId> reverse_base;
-    if (s.base && !IsDelta(s.row.transform)) reverse_base = s.base;
-    refs.push_back(Store::CommitRef{s.ref, s.row, reverse_base});
+  {
+    MutexLock lock(mu_);
+    refs.reserve(slots_.size());
+    for (const Slot& s : slots_) {
+      // A piece stored whole although it had a whole base: the re-encoder reverses the pair.
+      std::optional<ChunkId> reverse_base;
+      if (s.base && !IsDelta(s.row.transform)) reverse_base = s.base;
+      refs.push_back(Store::CommitRef{s.ref, s.row, reverse_base});
+    }
   }
   if (scanner_) {
     layout_ = scanner_->TakeLayout();

@@ -37,11 +37,9 @@
 // Thread-compatible: one thread drives a writer.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -50,6 +48,7 @@
 #include "engine/format/layout.h"
 #include "engine/store/catalog.h"
 #include "engine/util/buffer.h"
+#include "engine/util/mutex.h"
 #include "engine/util/status.h"
 
 namespace ckptfs {
@@ -112,7 +111,8 @@ class ContentWriter {
   void Submit();
   // Takes `previous`'s layout as the reference's (SetReference without its precondition).
   Status LoadReference(ContentId previous);
-  void WaitIdle();
+  // Returns once no task is pending (releasing `lock` while it waits).
+  void WaitIdle(MutexLock& lock) REQUIRES(mu_);
   void Abandon();
 
   Store* const store_;
@@ -132,11 +132,12 @@ class ContentWriter {
   uint64_t chunk_start_ = 0;
   bool finished_ = false;
 
-  std::mutex mu_;
-  std::condition_variable idle_cv_;
-  std::deque<Slot> slots_;  // GUARDED_BY(mu_) for insertion; each task fills its own slot
-  size_t pending_ = 0;      // GUARDED_BY(mu_)
-  Status error_;            // GUARDED_BY(mu_)
+  Mutex mu_;
+  CondVar idle_cv_;
+  // Each task fills its own slot (through a pointer, under mu_).
+  std::deque<Slot> slots_ GUARDED_BY(mu_);
+  size_t pending_ GUARDED_BY(mu_) = 0;
+  Status error_ GUARDED_BY(mu_);
 };
 
 }  // namespace ckptfs
