@@ -31,12 +31,14 @@ Result<GcReport> Store::Gc(const GcOptions& options) {
   // 1. Chunks no content refers to (and no writer has pinned) are forgotten.
   {
     std::unique_lock gc(gc_mu_);
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     CKPTFS_RETURN_IF_ERROR(
         catalog_->Update(Catalog::SpaceUse::kFreesSpace, [&](Catalog::WriteTxn& txn) {
+          mu_.AssertHeld();           // runs inside Update, under the lock above
           report.chunks_dropped = 0;  // counted again if the transaction runs twice
           std::vector<ChunkId> dead;
           CKPTFS_RETURN_IF_ERROR(txn.ForEachChunk([&](const ChunkId& id, const ChunkRow& row) {
+            mu_.AssertHeld();
             if (row.refcount == 0 && pinned_.count(id) == 0) dead.push_back(id);
             return true;
           }));
@@ -61,7 +63,7 @@ Result<GcReport> Store::Gc(const GcOptions& options) {
     std::unique_lock gc(gc_mu_);
     std::set<uint32_t> busy;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       for (const auto& [id, pinned] : pinned_) {
         busy.insert(pinned.row.pack_id);
         in_use[pinned.row.pack_id].emplace_back(pinned.row.offset, pinned.row.length);
@@ -158,7 +160,7 @@ Result<GcReport> Store::Gc(const GcOptions& options) {
 }
 
 Status Store::DropChunksInTxn(Catalog::WriteTxn& txn, std::vector<ChunkId> dead, GcReport* report) {
-  // A dropped delta releases its base, which may go in turn. REQUIRES: mu_ held.
+  // A dropped delta releases its base, which may go in turn.
   while (!dead.empty()) {
     const ChunkId id = dead.back();
     dead.pop_back();
@@ -234,7 +236,7 @@ Status Store::RematerializeOrphanedDeltas(GcReport* report) {
       }
     }
     std::unique_lock gc(gc_mu_);
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     CKPTFS_ASSIGN_OR_RETURN(auto txn, catalog_->BeginWrite());
     std::map<uint32_t, uint64_t> pack_ends;
     std::vector<ChunkId> dead;
@@ -290,7 +292,7 @@ Status Store::RewritePack(uint32_t pack_id, const std::vector<std::pair<ChunkId,
 
   std::unique_lock gc(gc_mu_);
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (const auto& [id, pinned] : pinned_) {
       if (pinned.row.pack_id == pack_id) {
         report->skipped.push_back(PackFileName(pack_id) + ": a writer is using it");

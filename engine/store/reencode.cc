@@ -127,16 +127,16 @@ Status Store::QueuePendingReverseDeltas() {
 
 void Store::QueueReverseDeltas(ContentId id) {
   {
-    std::lock_guard lock(reencode_mu_);
+    MutexLock lock(reencode_mu_);
     if (reencode_stopping_) return;
     reencode_queue_.push_back(id);
   }
-  reencode_cv_.notify_all();
+  reencode_cv_.NotifyAll();
 }
 
 void Store::WaitReencoded() {
-  std::unique_lock lock(reencode_mu_);
-  reencode_cv_.wait(lock, [&] { return reencode_queue_.empty() && !reencode_busy_; });
+  MutexLock lock(reencode_mu_);
+  while (!reencode_queue_.empty() || reencode_busy_) reencode_cv_.Wait(lock);
 }
 
 void Store::RunReencoder() {
@@ -149,8 +149,8 @@ void Store::RunReencoder() {
   for (;;) {
     ContentId id;
     {
-      std::unique_lock lock(reencode_mu_);
-      reencode_cv_.wait(lock, [&] { return reencode_stopping_ || !reencode_queue_.empty(); });
+      MutexLock lock(reencode_mu_);
+      while (!reencode_stopping_ && reencode_queue_.empty()) reencode_cv_.Wait(lock);
       if (reencode_queue_.empty()) return;  // stopping, and everything queued was done
       id = reencode_queue_.front();
       reencode_queue_.pop_front();
@@ -177,7 +177,7 @@ void Store::RunReencoder() {
     {  // Replaced records whose pins are gone by now.
       std::vector<PackLocation> dead;
       std::unique_lock gc(gc_mu_);
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       for (auto it = punch_later_.begin(); it != punch_later_.end();) {
         if (pinned_.count(it->first) != 0) {
           ++it;
@@ -189,10 +189,10 @@ void Store::RunReencoder() {
       PunchRecords(std::move(dead));
     }
     {
-      std::lock_guard lock(reencode_mu_);
+      MutexLock lock(reencode_mu_);
       reencode_busy_ = false;
     }
-    reencode_cv_.notify_all();
+    reencode_cv_.NotifyAll();
   }
 }
 
@@ -321,7 +321,7 @@ Status Store::ReverseDeltas(ContentId id) {
     std::vector<PackLocation> unused;  // new records no row points at
     {
       std::unique_lock gc(gc_mu_);
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       CKPTFS_ASSIGN_OR_RETURN(auto txn, catalog_->BeginWrite());
       const uint64_t txn_id = txn.id();
       if (txn_id != maps_valid_for) {

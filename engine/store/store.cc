@@ -134,10 +134,10 @@ Store::Store(std::filesystem::path dir, const StoreOptions& options)
 Store::~Store() {
   if (reencoder_.joinable()) {  // finishes what is queued: the newest version's re-encoding
     {
-      std::lock_guard lock(reencode_mu_);
+      MutexLock lock(reencode_mu_);
       reencode_stopping_ = true;
     }
-    reencode_cv_.notify_all();
+    reencode_cv_.NotifyAll();
     reencoder_.join();
   }
   pool_.reset();  // runs what is queued; writers must be gone by now
@@ -238,7 +238,7 @@ Result<std::unique_ptr<ContentWriter>> Store::NewAppender(ContentId base) {
 Result<std::optional<ChunkRow>> Store::PinIfStored(const ChunkId& id) {
   std::shared_lock gc(gc_mu_);
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto it = pinned_.find(id);
     if (it != pinned_.end()) {
       ++it->second.pins;
@@ -248,7 +248,7 @@ Result<std::optional<ChunkRow>> Store::PinIfStored(const ChunkId& id) {
   CKPTFS_ASSIGN_OR_RETURN(auto txn, catalog_->BeginRead());
   CKPTFS_ASSIGN_OR_RETURN(std::optional<ChunkRow> row, txn.GetChunk(id));
   if (!row) return row;
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   Pinned& p = pinned_[id];
   if (p.pins++ == 0) p.row = *row;
   return std::optional<ChunkRow>(p.row);
@@ -330,7 +330,7 @@ Result<ChunkRow> Store::PutChunk(const ChunkId& id, Buffer raw, const PieceHint&
     row.base = hint.base->first;
     row.depth = static_cast<uint8_t>(hint.base->second.depth + 1);
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   Pinned& p = pinned_[id];
   if (p.pins++ == 0) p.row = row;  // else another writer stored it too: share the first copy
   return p.row;
@@ -341,7 +341,7 @@ bool Store::WritesWhole(const ChunkRow& base_row) const {
 }
 
 void Store::Unpin(const ChunkId& id) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = pinned_.find(id);
   if (it != pinned_.end() && --it->second.pins == 0) pinned_.erase(it);
 }
@@ -452,7 +452,7 @@ Result<std::optional<ContentId>> Store::FindContentByLayout(uint64_t signature,
   for (ContentId id = last; id > 0 && last - id < max_scan; --id) {
     std::optional<std::optional<uint64_t>> cached;
     {
-      std::lock_guard lock(signatures_mu_);
+      MutexLock lock(signatures_mu_);
       auto it = signatures_.find(id);
       if (it != signatures_.end()) cached = it->second;
     }
@@ -465,7 +465,7 @@ Result<std::optional<ContentId>> Store::FindContentByLayout(uint64_t signature,
         if (layout.ok()) sig = LayoutSignature(*layout);
       }
       cached = sig;
-      std::lock_guard lock(signatures_mu_);
+      MutexLock lock(signatures_mu_);
       if (signatures_.size() >= kMaxCachedSignatures) signatures_.clear();
       signatures_[id] = sig;
     }

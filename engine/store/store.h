@@ -29,7 +29,6 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <filesystem>
@@ -52,6 +51,7 @@
 #include "engine/store/chunk_reader.h"
 #include "engine/store/pack_writer.h"
 #include "engine/util/file.h"
+#include "engine/util/mutex.h"
 #include "engine/util/progress.h"
 #include "engine/util/status.h"
 #include "engine/util/worker_pool.h"
@@ -346,8 +346,9 @@ class Store {
   void PunchDeadRanges(uint32_t pack_id, uint64_t committed,
                        std::vector<std::pair<uint64_t, uint64_t>> in_use, GcReport* report);
   // Deletes `dead` chunk rows and, in turn, the delta bases they held the last reference to.
-  // REQUIRES: gc_mu_ exclusive and mu_ held.
-  Status DropChunksInTxn(Catalog::WriteTxn& txn, std::vector<ChunkId> dead, GcReport* report);
+  // REQUIRES: gc_mu_ exclusive.
+  Status DropChunksInTxn(Catalog::WriteTxn& txn, std::vector<ChunkId> dead, GcReport* report)
+      REQUIRES(mu_);
   Status RematerializeOrphanedDeltas(GcReport* report);
   // A new adopted delta row (adopt.cc): its depth from the base's row, a reference on the base.
   Status ReferenceDeltaBase(Catalog::WriteTxn& txn, const ChunkId& id, ChunkRow* row);
@@ -383,25 +384,25 @@ class Store {
   // Lock order: gc_run_mu_, then gc_mu_, then mu_ (then the reader's own locks).
   std::mutex gc_run_mu_;             // one Gc() at a time
   mutable std::shared_mutex gc_mu_;  // shared: location lookups + reads; exclusive: gc moves
-  std::mutex mu_;
-  std::unordered_map<ChunkId, Pinned> pinned_;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::unordered_map<ChunkId, Pinned> pinned_ GUARDED_BY(mu_);
   // LayoutSignature by content id for FindContentByLayout (a content's layout never changes
   // and ids are not reused); cleared when it reaches kMaxCachedSignatures.
   static constexpr size_t kMaxCachedSignatures = 8192;
-  mutable std::mutex signatures_mu_;
-  mutable std::unordered_map<ContentId, std::optional<uint64_t>>
-      signatures_;  // GUARDED_BY(signatures_mu_)
+  mutable Mutex signatures_mu_;
+  mutable std::unordered_map<ContentId, std::optional<uint64_t>> signatures_
+      GUARDED_BY(signatures_mu_);
 
-  std::mutex reencode_mu_;
-  std::condition_variable reencode_cv_;
-  std::deque<ContentId> reencode_queue_;  // GUARDED_BY(reencode_mu_)
-  bool reencode_busy_ = false;            // GUARDED_BY(reencode_mu_)
-  bool reencode_stopping_ = false;        // GUARDED_BY(reencode_mu_)
+  Mutex reencode_mu_;
+  CondVar reencode_cv_;
+  std::deque<ContentId> reencode_queue_ GUARDED_BY(reencode_mu_);
+  bool reencode_busy_ GUARDED_BY(reencode_mu_) = false;
+  bool reencode_stopping_ GUARDED_BY(reencode_mu_) = false;
   std::atomic<uint64_t> pieces_reencoded_{0};
   std::atomic<uint64_t> reencode_batches_{0};
   std::atomic<uint64_t> reencode_scans_{0};
   // Replaced records a writer still held pinned: punched by a later batch (reencode.cc).
-  std::vector<std::pair<ChunkId, PackLocation>> punch_later_;  // GUARDED_BY(mu_)
+  std::vector<std::pair<ChunkId, PackLocation>> punch_later_ GUARDED_BY(mu_);
   std::thread reencoder_;  // started by Open when options_.reverse_deltas
 };
 
