@@ -51,10 +51,10 @@ Result<std::unique_ptr<FileSystem>> FileSystem::Open(Store* store,
 
 FileSystem::~FileSystem() {
   {  // the sealer first: it may be waiting on the committer
-    std::lock_guard lock(sealer_mu_);
+    MutexLock lock(sealer_mu_);
     sealer_stopping_ = true;
   }
-  sealer_cv_.notify_all();
+  sealer_cv_.NotifyAll();
   if (sealer_.joinable()) sealer_.join();
   if (committer_) {
     Status s = Sync();
@@ -140,13 +140,13 @@ bool FileSystem::IsOptimizerStateName(std::string_view name) {
 void FileSystem::NoteLookup(Ino ino, std::string_view name) {
   constexpr size_t kMaxNoted = 1 << 16;  // a few hundred KiB at most; forgetting is harmless
   if (!IsOptimizerStateName(name)) return;
-  std::lock_guard lock(priority_mu_);
+  MutexLock lock(priority_mu_);
   if (optimizer_inos_.size() >= kMaxNoted) optimizer_inos_.clear();
   optimizer_inos_.insert(ino);
 }
 
 WorkerPool::Priority FileSystem::PrefetchPriorityOf(Ino ino) {
-  std::lock_guard lock(priority_mu_);
+  MutexLock lock(priority_mu_);
   return optimizer_inos_.count(ino) != 0 ? WorkerPool::Priority::kLow
                                          : WorkerPool::Priority::kNormal;
 }
@@ -158,11 +158,11 @@ Result<Inode> FileSystem::GetAttr(Ino ino) {
     CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginRead());
     CKPTFS_ASSIGN_OR_RETURN(inode, MustGet(txn, ino));
   }
-  std::lock_guard lock(open_mu_);
+  MutexLock lock(open_mu_);
   auto it = open_files_.find(ino);
   if (it != open_files_.end()) {
-    inode.size = it->second->size_view();
-    inode.mtime_ns = std::max(inode.mtime_ns, it->second->mtime_view());
+    inode.size = it->second.file->size_view();
+    inode.mtime_ns = std::max(inode.mtime_ns, it->second.file->mtime_view());
   }
   return inode;
 }
@@ -240,14 +240,12 @@ Status FileSystem::DropInode(Catalog::WriteTxn& txn, const Inode& inode) {
 }
 
 Status FileSystem::RemoveEntry(Catalog::WriteTxn& txn, Ino parent, std::string_view name,
-                               const Inode& child, std::unique_lock<std::mutex>& open_lock) {
+                               const Inode& child) {
   CKPTFS_RETURN_IF_ERROR(txn.Delete(Table::kDirents, DirentKey(parent, name)));
   CKPTFS_ASSIGN_OR_RETURN(Inode dir, MustGet(txn, parent));
   dir.mtime_ns = dir.ctime_ns = NowUnixNs();
   if (child.is_dir()) --dir.nlink;
   CKPTFS_RETURN_IF_ERROR(PutInode(txn, dir));
-  // Held until the caller commits: an Open() in between would get a handle on a dropped inode.
-  if (!open_lock.owns_lock()) open_lock = std::unique_lock(open_mu_);
   if (open_files_.count(child.ino) == 0) return DropInode(txn, child);
   Inode orphan = child;  // dropped when its last handle goes (or at the next mount)
   orphan.nlink = 0;
@@ -263,8 +261,9 @@ Status FileSystem::Unlink(Ino parent, std::string_view name) {
     if (!ino) return Status::NotFound(std::string(name));
     CKPTFS_ASSIGN_OR_RETURN(Inode child, MustGet(txn, *ino));
     if (child.is_dir()) return Errno(EISDIR, std::string(name));
-    std::unique_lock<std::mutex> open_lock(open_mu_, std::defer_lock);
-    CKPTFS_RETURN_IF_ERROR(RemoveEntry(txn, parent, name, child, open_lock));
+    // Held until the commit: an Open() in between would get a handle on a dropped inode.
+    MutexLock open_lock(open_mu_);
+    CKPTFS_RETURN_IF_ERROR(RemoveEntry(txn, parent, name, child));
     return txn.Commit();
   });
 }
@@ -281,8 +280,8 @@ Status FileSystem::Rmdir(Ino parent, std::string_view name) {
     CKPTFS_RETURN_IF_ERROR(txn.ForEach(Table::kDirents, DirentPrefix(child.ino), "",
                                        [&](auto, auto) { return empty = false; }));
     if (!empty) return Errno(ENOTEMPTY, std::string(name));
-    std::unique_lock<std::mutex> open_lock(open_mu_, std::defer_lock);
-    CKPTFS_RETURN_IF_ERROR(RemoveEntry(txn, parent, name, child, open_lock));
+    MutexLock open_lock(open_mu_);  // until the commit (see Unlink)
+    CKPTFS_RETURN_IF_ERROR(RemoveEntry(txn, parent, name, child));
     return txn.Commit();
   });
 }
@@ -314,7 +313,8 @@ Status FileSystem::Rename(Ino parent, std::string_view name, Ino new_parent,
     up = dir.parent;
   }
   CKPTFS_ASSIGN_OR_RETURN(std::optional<Ino> dst_ino, GetDirent(txn, new_parent, new_name));
-  std::unique_lock<std::mutex> open_lock(open_mu_, std::defer_lock);
+  // Held until the commit (see Unlink), and after it for the open file's version.
+  MutexLock open_lock(open_mu_);
   if (dst_ino) {
     if (*dst_ino == src.ino) return Status::OK();
     if (flags & RENAME_NOREPLACE) return Status::AlreadyExists(std::string(new_name));
@@ -327,7 +327,7 @@ Status FileSystem::Rename(Ino parent, std::string_view name, Ino new_parent,
                                          [&](auto, auto) { return empty = false; }));
       if (!empty) return Errno(ENOTEMPTY, std::string(new_name));
     }
-    CKPTFS_RETURN_IF_ERROR(RemoveEntry(txn, new_parent, new_name, dst, open_lock));
+    CKPTFS_RETURN_IF_ERROR(RemoveEntry(txn, new_parent, new_name, dst));
   }
   CKPTFS_RETURN_IF_ERROR(txn.Delete(Table::kDirents, DirentKey(parent, name)));
   CKPTFS_RETURN_IF_ERROR(
@@ -354,16 +354,15 @@ Status FileSystem::Rename(Ino parent, std::string_view name, Ino new_parent,
     CKPTFS_RETURN_IF_ERROR(PutInode(txn, to_dir));
   }
   CKPTFS_RETURN_IF_ERROR(txn.Commit());
-  if (!open_lock.owns_lock()) open_lock.lock();
   auto it = open_files_.find(src.ino);
-  if (it != open_files_.end()) it->second->version = new_version;
+  if (it != open_files_.end()) it->second.version = new_version;
   return Status::OK();
 }
 
 // ---- Open files -----------------------------------------------------------------------------
 
 Result<std::shared_ptr<OpenInode>> FileSystem::OpenInodeFor(Ino ino) {
-  std::lock_guard lock(open_mu_);
+  MutexLock lock(open_mu_);
   auto it = open_files_.find(ino);
   if (it == open_files_.end()) {
     // Read the inode under open_mu_: a commit that finished before the committer forgot the
@@ -377,27 +376,26 @@ Result<std::shared_ptr<OpenInode>> FileSystem::OpenInodeFor(Ino ino) {
     if (ingester_) spool = OpenInode::Spool{ingester_.get(), spool_backlog_.get()};
     auto file = std::make_shared<OpenInode>(
         inode, store_, staging_dir_, [this](OpenInode& f) { return NewFileWriter(f); }, spool);
-    it = open_files_.emplace(ino, std::move(file)).first;
+    it = open_files_.emplace(ino, OpenFile{std::move(file), inode.version, 0}).first;
   }
   // Counted here, under the same lock: the committer forgets an open file without handles.
-  ++it->second->handles;
-  if (sealing_.count(it->second->version) != 0 || sealing_.count(ino) != 0) {
-    it->second->sealed = true;
-  }
-  version_activity_[it->second->version] = std::chrono::steady_clock::now();
-  return it->second;
+  OpenFile& open = it->second;
+  ++open.handles;
+  if (sealing_.count(open.version) != 0 || sealing_.count(ino) != 0) open.file->sealed = true;
+  version_activity_[open.version] = std::chrono::steady_clock::now();
+  return open.file;
 }
 
 // REQUIRES: OpenInodeFor() counted the handle.
 Result<uint64_t> FileSystem::AddHandle(std::shared_ptr<OpenInode> file, int flags) {
-  std::lock_guard lock(open_mu_);
+  MutexLock lock(open_mu_);
   uint64_t fh = next_handle_++;
   handles_[fh] = Handle{std::move(file), flags};
   return fh;
 }
 
 Result<FileSystem::Handle> FileSystem::GetHandle(uint64_t fh) {
-  std::lock_guard lock(open_mu_);
+  MutexLock lock(open_mu_);
   auto it = handles_.find(fh);
   if (it == handles_.end()) return Errno(EBADF, "file handle");
   return it->second;
@@ -503,7 +501,7 @@ Result<size_t> FileSystem::ReadOnce(const Handle& h, uint64_t offset, size_t len
   // A clean file reads straight from the store, without holding the file's lock.
   std::shared_ptr<ContentReader> reader;
   {
-    std::lock_guard lock(h.read_ahead->mu);
+    MutexLock lock(h.read_ahead->mu);
     if (!h.read_ahead->reader || h.read_ahead->reader->id() != content) {
       h.read_ahead->reader = std::make_shared<ContentReader>(
           store_, content, options_.readahead_bytes, PrefetchPriorityOf(h.file->ino));
@@ -636,8 +634,8 @@ Status FileSystem::Fsync(uint64_t fh) {
 FileSystem::Backlog FileSystem::WriteBacklog() {
   Backlog b;
   b.queued_commits = committer_->depth();
-  std::lock_guard lock(open_mu_);
-  for (const auto& [ino, file] : open_files_) b.pending_bytes += file->pending_bytes();
+  MutexLock lock(open_mu_);
+  for (const auto& [ino, open] : open_files_) b.pending_bytes += open.file->pending_bytes();
   return b;
 }
 
@@ -645,9 +643,9 @@ FileSystem::Backlog FileSystem::WriteBacklog() {
 Status FileSystem::CommitIfClosed(Ino ino) {
   std::shared_ptr<OpenInode> pending;
   {
-    std::lock_guard lock(open_mu_);
+    MutexLock lock(open_mu_);
     auto it = open_files_.find(ino);
-    if (it != open_files_.end() && it->second->handles == 0) pending = it->second;
+    if (it != open_files_.end() && it->second.handles == 0) pending = it->second.file;
   }
   if (!pending) return Status::OK();
   return committer_->Commit(std::move(pending), /*release=*/false, /*wait=*/true);
@@ -657,13 +655,21 @@ Status FileSystem::Release(uint64_t fh) {
   if (IsViewHandle(fh)) return ViewRelease(fh);  // views.cc
   std::shared_ptr<OpenInode> file;
   {
-    std::lock_guard lock(open_mu_);
+    MutexLock lock(open_mu_);
     auto it = handles_.find(fh);
     if (it == handles_.end()) return Errno(EBADF, "release");
     file = std::move(it->second.file);
     handles_.erase(it);
-    version_activity_[file->version] = std::chrono::steady_clock::now();
-    if (--file->handles > 0) return Status::OK();
+    // A file with handles is the one open_files_ holds for its inode (only ForgetReleased
+    // removes it, once it has none).
+    auto open = open_files_.find(file->ino);
+    if (open != open_files_.end() && open->second.file == file) {
+      version_activity_[open->second.version] = std::chrono::steady_clock::now();
+      if (--open->second.handles > 0) return Status::OK();
+    } else {  // not reached; its bytes are committed all the same
+      spdlog::error("release of inode {}: its open file is not in the table of open files",
+                    file->ino);
+    }
   }
   return committer_->Commit(std::move(file), /*release=*/true, /*wait=*/false);
 }
@@ -677,10 +683,10 @@ void FileSystem::ForgetReleased(const std::shared_ptr<OpenInode>& file) {
   auto txn = store_->catalog().BeginWrite();
   bool forget = false;
   if (txn.ok()) {
-    std::lock_guard lock(open_mu_);
+    MutexLock lock(open_mu_);
     auto it = open_files_.find(file->ino);
-    forget = file->handles == 0 && !file->changed_since_commit() && it != open_files_.end() &&
-             it->second == file;
+    forget = it != open_files_.end() && it->second.file == file && it->second.handles == 0 &&
+             !file->changed_since_commit();
     if (forget) open_files_.erase(it);
   }
   if (forget) {
@@ -704,7 +710,7 @@ Result<uint64_t> FileSystem::OpenDir(Ino ino) {
     if (!dir.is_dir()) return Errno(ENOTDIR, "opendir");
     CKPTFS_ASSIGN_OR_RETURN(entries, ListDirents(txn, ino));
   }
-  std::lock_guard lock(open_mu_);
+  MutexLock lock(open_mu_);
   uint64_t dh = next_handle_++;
   dir_handles_[dh] = std::move(entries);
   return dh;
@@ -713,7 +719,7 @@ Result<uint64_t> FileSystem::OpenDir(Ino ino) {
 Status FileSystem::ReadDir(uint64_t dh, uint64_t offset,
                            const std::function<bool(const DirEntry&, uint64_t)>& fn) {
   // fn only fills the reply buffer: it may run under the lock.
-  std::lock_guard lock(open_mu_);
+  MutexLock lock(open_mu_);
   auto it = dir_handles_.find(dh);
   if (it == dir_handles_.end()) return Errno(EBADF, "readdir");
   const std::vector<DirEntry>& entries = it->second;
@@ -724,7 +730,7 @@ Status FileSystem::ReadDir(uint64_t dh, uint64_t offset,
 }
 
 void FileSystem::ReleaseDir(uint64_t dh) {
-  std::lock_guard lock(open_mu_);
+  MutexLock lock(open_mu_);
   dir_handles_.erase(dh);
 }
 
@@ -753,9 +759,9 @@ Result<Inode> FileSystem::SetAttr(Ino ino, const SetAttrRequest& req) {
     inode.ctime_ns = NowUnixNs();
     CKPTFS_RETURN_IF_ERROR(PutInode(txn, inode));
     if (req.mtime_ns) {  // before Commit: a concurrent commit of the file binds this mtime
-      std::lock_guard lock(open_mu_);
+      MutexLock lock(open_mu_);
       auto it = open_files_.find(ino);
-      if (it != open_files_.end()) it->second->set_mtime_view(*req.mtime_ns);
+      if (it != open_files_.end()) it->second.file->set_mtime_view(*req.mtime_ns);
     }
     CKPTFS_RETURN_IF_ERROR(txn.Commit());
   }
@@ -865,8 +871,8 @@ Result<struct statvfs> FileSystem::StatFs() {
 Status FileSystem::Sync() {
   std::vector<std::shared_ptr<OpenInode>> open;
   {
-    std::lock_guard lock(open_mu_);
-    for (const auto& [ino, file] : open_files_) open.push_back(file);
+    MutexLock lock(open_mu_);
+    for (const auto& [ino, entry] : open_files_) open.push_back(entry.file);
   }
   for (auto& file : open) CKPTFS_RETURN_IF_ERROR(committer_->Commit(file, false, /*wait=*/false));
   CKPTFS_RETURN_IF_ERROR(committer_->Barrier());

@@ -33,14 +33,12 @@
 #include <sys/statvfs.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <future>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -56,6 +54,7 @@
 #include "engine/store/content_reader.h"
 #include "engine/store/content_writer.h"
 #include "engine/store/store.h"
+#include "engine/util/mutex.h"
 #include "engine/views/precision_view.h"
 #include "engine/views/tensor_view.h"
 
@@ -170,7 +169,7 @@ class FileSystem {
   // Runs after each version's seal (explicit or automatic), on the sealing thread, with only
   // on_sealed_mu_ held (fn must not seal): the mount's retention (retention.h). Null: none.
   void SetOnSealed(std::function<void()> fn) {
-    std::lock_guard lock(on_sealed_mu_);
+    MutexLock lock(on_sealed_mu_);
     on_sealed_ = std::move(fn);
   }
   // Whether `ino` is a file whose bytes are generated at open (the kernel must not cache them,
@@ -206,8 +205,8 @@ class FileSystem {
  private:
   // Per-handle read state: the reader (with its prefetch window) of the committed content.
   struct ReadAhead {
-    std::mutex mu;
-    std::shared_ptr<ContentReader> reader;  // GUARDED_BY(mu)
+    Mutex mu;
+    std::shared_ptr<ContentReader> reader GUARDED_BY(mu);
   };
   struct Handle {
     std::shared_ptr<OpenInode> file;
@@ -223,8 +222,8 @@ class FileSystem {
                          std::string_view symlink);
   // Removes a name; drops the inode unless it is open. Leaves open_mu_ locked in open_lock
   // so that the caller commits before anyone can open the inode.
-  Status RemoveEntry(Catalog::WriteTxn& txn, Ino parent, std::string_view name, const Inode& child,
-                     std::unique_lock<std::mutex>& open_lock);
+  Status RemoveEntry(Catalog::WriteTxn& txn, Ino parent, std::string_view name, const Inode& child)
+      REQUIRES(open_mu_);
   Status DropInode(Catalog::WriteTxn& txn, const Inode& inode);
   // The open state of `ino` (made from the catalog if there is none), with one more handle.
   Result<std::shared_ptr<OpenInode>> OpenInodeFor(Ino ino);
@@ -258,8 +257,8 @@ class FileSystem {
   static bool IsOptimizerStateName(std::string_view name);
   void NoteLookup(Ino ino, std::string_view name);
   WorkerPool::Priority PrefetchPriorityOf(Ino ino);
-  std::mutex priority_mu_;
-  std::unordered_set<Ino> optimizer_inos_;  // GUARDED_BY(priority_mu_); bounded, see NoteLookup
+  Mutex priority_mu_;
+  std::unordered_set<Ino> optimizer_inos_ GUARDED_BY(priority_mu_);  // bounded, see NoteLookup
 
   // ---- Views (engine/namespace/views.cc) --------------------------------------------------
   struct ViewState;
@@ -285,26 +284,32 @@ class FileSystem {
   const std::filesystem::path staging_dir_;
 
   // Lock order: an OpenInode's lock, then the catalog write transaction, then open_mu_.
-  std::mutex open_mu_;
-  std::unordered_map<Ino, std::shared_ptr<OpenInode>> open_files_;         // GUARDED_BY(open_mu_)
-  std::unordered_map<uint64_t, Handle> handles_;                           // GUARDED_BY(open_mu_)
-  std::unordered_map<uint64_t, std::vector<DirEntry>> dir_handles_;        // GUARDED_BY(open_mu_)
-  std::map<Ino, std::chrono::steady_clock::time_point> version_activity_;  // GUARDED_BY(open_mu_)
-  std::set<Ino> sealing_;     // GUARDED_BY(open_mu_): versions whose Seal() is in progress
-  uint64_t next_handle_ = 1;  // GUARDED_BY(open_mu_)
+  Mutex open_mu_;
+  // An open file, while it has handles or a commit of it is queued (ForgetReleased).
+  struct OpenFile {
+    std::shared_ptr<OpenInode> file;
+    Ino version = 0;  // of the file's version (Rename moves it)
+    int handles = 0;
+  };
+  std::unordered_map<Ino, OpenFile> open_files_ GUARDED_BY(open_mu_);
+  std::unordered_map<uint64_t, Handle> handles_ GUARDED_BY(open_mu_);
+  std::unordered_map<uint64_t, std::vector<DirEntry>> dir_handles_ GUARDED_BY(open_mu_);
+  std::map<Ino, std::chrono::steady_clock::time_point> version_activity_ GUARDED_BY(open_mu_);
+  std::set<Ino> sealing_ GUARDED_BY(open_mu_);  // versions whose Seal() is in progress
+  uint64_t next_handle_ GUARDED_BY(open_mu_) = 1;
 
   FsMetrics metrics_;
   std::function<std::string()> live_stats_;  // set before serving, then read-only
-  std::mutex on_sealed_mu_;
-  std::function<void()> on_sealed_;  // GUARDED_BY(on_sealed_mu_)
+  Mutex on_sealed_mu_;
+  std::function<void()> on_sealed_ GUARDED_BY(on_sealed_mu_);
 
   std::unique_ptr<Committer> committer_;
   std::unique_ptr<ByteBudget> spool_backlog_;  // when spooling
   std::unique_ptr<Ingester> ingester_;         // when spooling
 
-  std::mutex sealer_mu_;
-  std::condition_variable sealer_cv_;
-  bool sealer_stopping_ = false;  // GUARDED_BY(sealer_mu_)
+  Mutex sealer_mu_;
+  CondVar sealer_cv_;
+  bool sealer_stopping_ GUARDED_BY(sealer_mu_) = false;
   std::thread sealer_;
 };
 

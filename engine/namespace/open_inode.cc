@@ -21,7 +21,6 @@ constexpr uint64_t kPunchAlign = 1 << 20;
 OpenInode::OpenInode(const Inode& inode, Store* store, std::filesystem::path staging_dir,
                      WriterFactory new_writer, std::optional<Spool> spool)
     : ino(inode.ino),
-      version(inode.version),
       store_(store),
       staging_dir_(std::move(staging_dir)),
       new_writer_(std::move(new_writer)),

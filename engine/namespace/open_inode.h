@@ -30,8 +30,9 @@
 // report it; the inode keeps its previous content). A failed commit of a staged file leaves
 // the staging file, so a later commit may retry.
 //
-// Lock order: OpenInode::mu, then a catalog write transaction. Thread-safe; `version`,
-// `handles` and the reference_* fields belong to FileSystem (see there).
+// Lock order: OpenInode::mu, then a catalog write transaction. Thread-safe; the reference_*
+// fields belong to FileSystem (see there), as do the file's version and handle count (kept in
+// FileSystem's table of open files, under its lock).
 #pragma once
 
 #include <atomic>
@@ -106,10 +107,6 @@ class OpenInode : public IngestTarget, public std::enable_shared_from_this<OpenI
 
   const Ino ino;
   // ---- FileSystem's bookkeeping (filesystem.cc) -------------------------------------------
-  // Under FileSystem::open_mu_ (another object's private mutex: clang's analysis cannot name
-  // it here, so these two stay unchecked).
-  Ino version;
-  int handles = 0;
   std::atomic<bool> sealed{false};  // set by Seal(): writes fail with ReadOnly from then on
   // The same file of the previous version (its delta reference), looked up once by
   // FileSystem::ReferenceFile(); the first Write lets it commit first if it is still queued.

@@ -37,23 +37,23 @@ Status FileSystem::Seal(Ino ino) {
   }
   std::vector<std::shared_ptr<OpenInode>> in_version;
   {
-    std::lock_guard lock(open_mu_);
+    MutexLock lock(open_mu_);
     sealing_.insert(ino);  // files opened from now on are sealed too (OpenInodeFor)
-    for (const auto& [i, file] : open_files_) {
-      if (file->version == ino || i == ino) {
-        file->sealed = true;  // further writes fail with EROFS
-        in_version.push_back(file);
+    for (const auto& [i, open] : open_files_) {
+      if (open.version == ino || i == ino) {
+        open.file->sealed = true;  // further writes fail with EROFS
+        in_version.push_back(open.file);
       }
     }
   }
   Status s = CommitAndMarkSealed(ino, in_version);
   {
-    std::lock_guard lock(open_mu_);
+    MutexLock lock(open_mu_);
     sealing_.erase(ino);
   }
   if (s.ok()) {
     spdlog::info("sealed version {}", VersionName(store_->catalog(), ino));
-    std::lock_guard lock(on_sealed_mu_);
+    MutexLock lock(on_sealed_mu_);
     if (on_sealed_) on_sealed_();
   }
   return s;
@@ -84,7 +84,7 @@ void FileSystem::SealIdleFileVersions(std::chrono::system_clock::time_point now)
     const int64_t last = std::max(f.inode.mtime_ns, f.inode.ctime_ns);
     if (now_ns - last < std::chrono::nanoseconds(options_.seal_after).count()) continue;
     {
-      std::lock_guard lock(open_mu_);
+      MutexLock lock(open_mu_);
       if (open_files_.count(f.inode.ino) != 0) continue;
     }
     Status s = Seal(f.inode.ino);
@@ -113,8 +113,12 @@ void FileSystem::RunSealer() {
   const auto start = std::chrono::steady_clock::now();
   for (;;) {
     {
-      std::unique_lock lock(sealer_mu_);
-      if (sealer_cv_.wait_for(lock, tick, [&] { return sealer_stopping_; })) return;
+      MutexLock lock(sealer_mu_);
+      const auto until = std::chrono::steady_clock::now() + tick;
+      while (!sealer_stopping_ &&
+             sealer_cv_.WaitFor(lock, until - std::chrono::steady_clock::now())) {
+      }
+      if (sealer_stopping_) return;
     }
     std::vector<Inode> versions;
     {
@@ -140,9 +144,9 @@ void FileSystem::RunSealer() {
       }
       bool idle;
       {
-        std::lock_guard lock(open_mu_);
+        MutexLock lock(open_mu_);
         idle = true;
-        for (const auto& [i, file] : open_files_) idle = idle && file->version != v.ino;
+        for (const auto& [i, open] : open_files_) idle = idle && open.version != v.ino;
         auto it = version_activity_.find(v.ino);
         auto last = it == version_activity_.end() ? start : it->second;
         idle = idle && now - last >= options_.seal_after;
