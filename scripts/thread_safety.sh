@@ -2,8 +2,8 @@
 # Clang thread-safety analysis of the whole tree (issue 15): every translation unit of the
 # project (engine, fs, cli, tests) compiled by clang-14 with -Wthread-safety -Werror, syntax
 # only (no code generated, so it is quick). The locks are declared with the annotated Mutex of
-# engine/util/mutex.h (GUARDED_BY, REQUIRES, ...); members still annotated in comments only
-# (`// GUARDED_BY(mu_)`) are not checked yet. scripts/sanitize.sh runs this too.
+# engine/util/mutex.h (GUARDED_BY, REQUIRES, ...); no lock annotation is left in a comment
+# (`// GUARDED_BY(mu_)` would go unchecked). scripts/sanitize.sh runs this too.
 #
 # Usage: scripts/thread_safety.sh [JOBS]     (default 2; configures build-tsa/)
 set -euo pipefail
