@@ -21,9 +21,10 @@ std::pair<uint64_t, uint64_t> ReadaheadWindow::Advance(uint64_t offset, uint64_t
   return {from, len};
 }
 
+// Chunks partly returned stay cached (streamed entries, left to the LRU): a reader that opens
+// the file again, or another one, may want the rest.
 ContentReader::~ContentReader() {
   consumed_->store(UINT64_MAX, std::memory_order_relaxed);  // queued prefetch is moot now
-  for (const auto& [end, chunk] : streamed_) store_->DropStreamed(chunk);
 }
 
 Result<size_t> ContentReader::Read(uint64_t offset, MutableBytes out) {
@@ -41,47 +42,39 @@ Result<size_t> ContentReader::ReadSlices(uint64_t offset, size_t length,
                                          std::vector<ChunkSlice>* out) {
   bool sequential = false;
   const auto [from, len] = window_.Advance(offset, length, &sequential);
-  std::vector<ChunkId> drop;
-  bool stream, stream_ahead;
-  {
-    MutexLock lock(mu_);
-    if (!sequential) {
-      // A jump: the stream (if any) ended; what it left behind is of no use to it.
-      for (const auto& [end, chunk] : streamed_) drop.push_back(chunk);
-      streamed_.clear();
-      run_start_ = offset;
-      furthest_ = offset;
-    }
-    stream = sequential && offset >= run_start_ + kStreamAfter;
-    stream_ahead = sequential && from >= run_start_ + kStreamAfter;
-  }
-  for (const ChunkId& chunk : drop) store_->DropStreamed(chunk);
-  drop.clear();
-  const auto mode = stream ? ChunkReader::CacheMode::kStream : ChunkReader::CacheMode::kKeep;
+  constexpr auto kStream = ChunkReader::CacheMode::kStream;
   // Queued before this read loads its own chunks, so that the workers decode ahead while it
   // does.
-  if (len > 0) {
-    store_->Prefetch(id_, from, len, priority_,
-                     stream_ahead ? ChunkReader::CacheMode::kStream : ChunkReader::CacheMode::kKeep,
-                     consumed_);
-  }
+  if (len > 0) store_->Prefetch(id_, from, len, priority_, kStream, consumed_);
   const size_t first = out->size();
-  CKPTFS_ASSIGN_OR_RETURN(size_t n, store_->ReadSlices(id_, offset, length, out, mode));
-  if (!stream) return n;
+  CKPTFS_ASSIGN_OR_RETURN(size_t n, store_->ReadSlices(id_, offset, length, out, kStream));
+  std::vector<ChunkId> drop;
   {
     MutexLock lock(mu_);
     for (size_t i = first; i < out->size(); ++i) {
       const ChunkSlice& slice = (*out)[i];
-      if (slice.reaches_chunk_end()) streamed_.emplace_back(slice.content_end, slice.id);
+      auto [it, added] = returned_.try_emplace(slice.id, 0);
+      it->second += slice.length;
+      if (it->second >= slice.chunk->size()) {  // returned whole (or parts of it twice)
+        drop.push_back(slice.id);
+        returned_.erase(it);
+      } else if (added) {
+        partial_order_.push_back(slice.id);
+      }
     }
-    furthest_ = std::max(furthest_, offset + n);
+    // The queue holds ids already dropped too: trim it with the map.
+    while (partial_order_.size() > 2 * kMaxPartial ||
+           (returned_.size() > kMaxPartial && !partial_order_.empty())) {
+      returned_.erase(partial_order_.front());
+      partial_order_.pop_front();
+    }
+    if (sequential) {
+      furthest_ = std::max(furthest_, offset + n);
+    } else {
+      furthest_ = offset + n;
+    }
     const uint64_t behind = furthest_ > kStreamSlack ? furthest_ - kStreamSlack : 0;
     consumed_->store(behind, std::memory_order_relaxed);
-    // Mostly in order; an entry out of order waits for the ones before it.
-    while (!streamed_.empty() && streamed_.front().first <= behind) {
-      drop.push_back(streamed_.front().second);
-      streamed_.pop_front();
-    }
   }
   for (const ChunkId& chunk : drop) store_->DropStreamed(chunk);
   return n;

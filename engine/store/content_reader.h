@@ -7,12 +7,15 @@
 //   ContentReader reader(store, content, 8 << 20);
 //   CKPTFS_ASSIGN_OR_RETURN(size_t n, reader.Read(offset, out));
 //
-// A sequential reader's chunks past the first kStreamAfter bytes of its run (the ones it
-// prefetches and the ones it loads itself) are streamed cache entries, decoded without
-// caching their delta bases, and dropped again once the reader is kStreamSlack bytes past
-// their end: a file read once from start to end holds about readahead_bytes + kStreamAfter
-// of the cache, never evicts it and never fills it. Prefetch that a worker reaches only after
-// the reader has passed it is skipped. Random reads cache as usual. With
+// Every chunk the reader loads (itself or by prefetch) is a streamed cache entry, decoded
+// without caching its delta bases, and dropped again once the reader has returned every byte
+// of it: what a reader returned, its caller keeps (the kernel's page cache, for a FUSE file),
+// so a chunk read to its end is of no further use here. A file read once, in any order (a
+// torch.load jumps between record headers and data), therefore holds only the chunks it has
+// partly read and the prefetch window, never evicts the cache by more and never fills it;
+// a chunk read in parts by random reads stays until its last part is read (or the LRU evicts
+// it). Another reader's ordinary lookup makes an entry ordinary, which dropping leaves alone.
+// Prefetch that a worker reaches only after the reader has passed it is skipped. With
 // WorkerPool::Priority::kLow the prefetch waits behind writes and every other prefetch (the
 // FUSE layer gives optimizer-state files that priority, so parameters load first on restore).
 // ReadaheadWindow is the sequential-access detector alone, for readers of other byte streams
@@ -23,6 +26,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -60,11 +64,11 @@ class ContentReader {
   Result<size_t> ReadSlices(uint64_t offset, size_t length, std::vector<ChunkSlice>* out);
   ContentId id() const { return id_; }
 
-  // How far behind the furthest read a streamed chunk is kept: concurrent requests of one
-  // stream may arrive a little out of order.
+  // How far behind the furthest sequential read prefetch stops loading chunks: concurrent
+  // requests of one stream may arrive a little out of order.
   static constexpr uint64_t kStreamSlack = 2 << 20;
-  // A run of sequential reads streams once it is this long (a few nearby reads are not a scan).
-  static constexpr uint64_t kStreamAfter = 4 << 20;
+  // Partly returned chunks tracked at most; past it the oldest are forgotten (left to the LRU).
+  static constexpr size_t kMaxPartial = 4096;
 
  private:
   const Store* const store_;
@@ -72,10 +76,10 @@ class ContentReader {
   ReadaheadWindow window_;
   const WorkerPool::Priority priority_;
   Mutex mu_;
-  // Streamed chunks this reader has read to their end, not yet dropped: {end, id}.
-  std::deque<std::pair<uint64_t, ChunkId>> streamed_ GUARDED_BY(mu_);
-  uint64_t run_start_ GUARDED_BY(mu_) = 0;  // where the current sequential run started
-  uint64_t furthest_ GUARDED_BY(mu_) = 0;
+  // Bytes returned so far of each chunk not yet returned whole, in first-read order.
+  std::unordered_map<ChunkId, uint64_t> returned_ GUARDED_BY(mu_);
+  std::deque<ChunkId> partial_order_ GUARDED_BY(mu_);
+  uint64_t furthest_ GUARDED_BY(mu_) = 0;  // of the current sequential run
   // Chunks ending at or before this are behind the reader: prefetch skips them.
   const std::shared_ptr<std::atomic<uint64_t>> consumed_ =
       std::make_shared<std::atomic<uint64_t>>(0);

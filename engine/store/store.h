@@ -276,6 +276,8 @@ class Store {
   // The decoded-chunk cache's lookups that hit / missed (chunk_cache.h), and the chunk loads
   // Prefetch() queued (each a chunk not in the cache when the prefetch was asked for).
   uint64_t cache_hits() const { return cache_.hits(); }
+  // Decoded bytes the chunk cache holds now.
+  uint64_t cache_bytes() const { return cache_.size_bytes(); }
   uint64_t cache_misses() const { return cache_.misses(); }
   uint64_t prefetch_loads() const { return prefetch_loads_.load(std::memory_order_relaxed); }
 
