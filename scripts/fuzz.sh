@@ -18,12 +18,14 @@
 # Targets: torch_zip (engine/format/torch_zip.h), torch_pickle (torch_pickle.h), safetensors
 # (safetensors.h), views (engine/views/tensor_view.h, precision_view.h: whole files; its
 # dictionary is the other three's), control_protocol (engine/namespace/control_protocol.h: the
-# frames and requests of the control socket). The corpus grows in build-fuzz/corpus/TARGET/; a
+# frames and requests of the control socket), piece_codec (engine/codec/piece_codec.h, huffman.h:
+# the record decoder, and encode/decode round trips; seeded with records the current encoder
+# writes). The corpus grows in build-fuzz/corpus/TARGET/; a
 # crashing input is saved as build-fuzz/crash-* (rerun it with build-fuzz/TARGET_fuzz FILE).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-targets=(torch_zip torch_pickle safetensors views control_protocol)
+targets=(torch_zip torch_pickle safetensors views control_protocol piece_codec)
 ci=0
 runs=0
 if [ "${1:-}" = --runs ]; then
@@ -34,7 +36,7 @@ fi
 case "${1:-}" in
   --ci) ci=1; shift; selected=("${targets[@]}"); seconds="${1:-20}"; jobs=1 ;;
   all) shift; selected=("${targets[@]}") ;;
-  torch_zip|torch_pickle|safetensors|views|control_protocol) selected=("$1"); shift ;;
+  torch_zip|torch_pickle|safetensors|views|control_protocol|piece_codec) selected=("$1"); shift ;;
   ''|[0-9]*) selected=(torch_zip) ;;
   *) echo "fuzz.sh: unknown target '$1' (${targets[*]}, all, --ci)" >&2; exit 2 ;;
 esac
@@ -148,6 +150,11 @@ open(f"{out}/session.bin", "wb").write(
     b"".join(frame(reqs[n]) for n in ("begin", "reserve", "commit")))
 open(f"{out}/admin.bin", "wb").write(frame(reqs["admin"]) + frame(reqs["admin_diff"]))
 PY
+      ;;
+    piece_codec)
+      # Records as the current encoder writes them (fp32, fp16 and plain bytes with each codec,
+      # rotated planes, xor, sub and scaled sub deltas), each behind the header that decodes it.
+      CKPTFS_PIECE_SEEDS="$dir" "$build/piece_codec_fuzz" 2>/dev/null
       ;;
   esac
 }
