@@ -121,6 +121,15 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
   // What the daemon creates in the store (log, packs, catalog) is its user's alone
   // (docs/threat-model.md); the modes of files created through the mount come from the kernel.
   ::umask(077);
+  // The stop signals must reach the main thread, which waits in fuse_session_loop_mt: libfuse's
+  // handler only marks the session exited, so a signal taken by one of our threads (workers,
+  // re-encoder, committer: they inherit this mask) would leave the loop waiting for a request
+  // that never comes (a SIGTERM'd daemon hung in tests/packaging/test_deb.py under load).
+  // libfuse's own worker threads block every signal. Unblocked again right before the loop.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&stop_signals, sig);
+  ::pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   StoreOptions options;
   options.create_if_missing = args.create;
@@ -354,6 +363,7 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
   });
   fuse_loop_config* cfg = fuse_loop_cfg_create();
   fuse_loop_cfg_set_max_threads(cfg, 16);
+  ::pthread_sigmask(SIG_UNBLOCK, &stop_signals, nullptr);  // every other thread exists by now
   int rc = fuse_session_loop_mt(se, cfg);
   // SIGTERM (systemd's stop), SIGINT and SIGHUP end the loop through libfuse's handlers, which
   // return the signal's number: a requested stop, as clean as an unmount.
