@@ -245,9 +245,9 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
   // before the filesystem.
   std::unique_ptr<objstore::RemoteVersions> versions;
   if (mirror) {
-    versions = objstore::RemoteVersions::Start(
-        s3.get(), mirror.get(), store->get(), fs->get(), remote_packs.get(),
-        {args.rank, args.world_size, args.remote_poll});
+    versions = objstore::RemoteVersions::Start(s3.get(), mirror.get(), store->get(), fs->get(),
+                                               remote_packs.get(),
+                                               {args.rank, args.world_size, args.remote_poll});
   }
   // MNT/.ckptfs/stats: what `ckptfs stats --json` says of a mounted store (admin.h).
   (*fs)->SetLiveStats([served = fs->get(), st = store->get(),
