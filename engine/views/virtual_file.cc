@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #include "engine/views/convert.h"
 
@@ -17,14 +19,36 @@ Status ReadExact(const SourceReader& source, uint64_t offset, MutableBytes out) 
   return Status::OK();
 }
 
-// One past the last source byte of the tensor.
-uint64_t SpanEnd(const StridedSource& t) {
-  uint64_t last = 0;
-  for (size_t i = 0; i < t.shape.size(); ++i) {
-    if (t.shape[i] == 0) return t.base;
-    last += static_cast<uint64_t>(t.shape[i] - 1) * static_cast<uint64_t>(t.stride[i]);
+// The source bytes [first, last) that elements [e0, e1] (C order, e0 <= e1 < numel) of the
+// tensor lie in, bounded without visiting them: dimensions before the first one where e0's and
+// e1's indices differ are fixed; in that one the index runs from e0's to e1's, and every later
+// one may take any index. (Strides are >= 0.) A read of a few elements of a large strided
+// tensor thus reads and prefetches the bytes around those elements, not the rest of the tensor.
+std::pair<uint64_t, uint64_t> GatherSpan(const StridedSource& t, uint64_t e0, uint64_t e1) {
+  const size_t dims = t.shape.size();
+  std::vector<uint64_t> i0(dims), i1(dims);
+  for (size_t d = dims; d-- > 0;) {
+    const auto n = static_cast<uint64_t>(t.shape[d]);
+    i0[d] = e0 % n;
+    i1[d] = e1 % n;
+    e0 /= n;
+    e1 /= n;
   }
-  return t.base + (last + 1) * ElementSize(t.dtype);
+  uint64_t lo = 0, hi = 0;  // in elements from base
+  size_t d = 0;
+  for (; d < dims && i0[d] == i1[d]; ++d) {
+    lo += i0[d] * static_cast<uint64_t>(t.stride[d]);
+  }
+  hi = lo;
+  if (d < dims) {
+    lo += i0[d] * static_cast<uint64_t>(t.stride[d]);
+    hi += i1[d] * static_cast<uint64_t>(t.stride[d]);
+    for (++d; d < dims; ++d) {
+      hi += static_cast<uint64_t>(t.shape[d] - 1) * static_cast<uint64_t>(t.stride[d]);
+    }
+  }
+  const uint64_t w = ElementSize(t.dtype);
+  return {t.base + lo * w, t.base + (hi + 1) * w};
 }
 
 }  // namespace
@@ -137,7 +161,9 @@ Status VirtualFile::ReadGather(const StridedSource& t, uint64_t at, MutableBytes
                                const SourceReader& source) {
   const size_t win = ElementSize(t.dtype), wout = ElementSize(t.to);
   const size_t dims = t.shape.size();
-  const uint64_t span_end = SpanEnd(t);
+  // Only the source bytes of the elements asked for: read at once when they fit the window.
+  const auto [span_begin, span_end] = GatherSpan(t, at / wout, (at + out.size() - 1) / wout);
+  const bool one_window = span_end - span_begin <= kGatherWindowBytes;
   uint64_t elem = at / wout;
   size_t skip = static_cast<size_t>(at % wout);
   std::vector<int64_t> idx(dims);  // the multi-index of elem
@@ -161,9 +187,9 @@ Status VirtualFile::ReadGather(const StridedSource& t, uint64_t at, MutableBytes
     run = std::min<uint64_t>(run, (skip + out.size() - done + wout - 1) / wout);
     const uint64_t run_bytes = run * win;
     if (src < window_start || src + run_bytes > window_start + window.size()) {
-      window_start = src;
-      window.Resize(
-          static_cast<size_t>(std::max(run_bytes, std::min(kGatherWindowBytes, span_end - src))));
+      window_start = one_window ? span_begin : src;
+      window.Resize(static_cast<size_t>(
+          std::max(run_bytes, std::min(kGatherWindowBytes, span_end - window_start))));
       CKPTFS_RETURN_IF_ERROR(ReadExact(source, window_start, window.mutable_bytes()));
     }
     conv.Resize(static_cast<size_t>(run * wout));
@@ -185,9 +211,14 @@ Status VirtualFile::ReadGather(const StridedSource& t, uint64_t at, MutableBytes
 
 void VirtualFile::SourceRanges(uint64_t offset, uint64_t length,
                                const std::function<void(uint64_t, uint64_t)>& fn) const {
-  const uint64_t end = std::min(size_, offset + length);
-  for (const Piece& p : pieces_) {
-    if (p.offset + p.size <= offset || p.offset >= end) continue;
+  if (offset >= size_ || length == 0) return;
+  const uint64_t end = offset + std::min(length, size_ - offset);
+  // The piece holding offset, found as Read finds it: a read in small pieces of a file of many
+  // pieces (a view of a checkpoint with thousands of tensors) must not scan them all each time.
+  auto it = std::upper_bound(pieces_.begin(), pieces_.end(), offset,
+                             [](uint64_t off, const Piece& p) { return off < p.offset; });
+  for (--it; it != pieces_.end() && it->offset < end; ++it) {
+    const Piece& p = *it;
     const uint64_t a = std::max(offset, p.offset) - p.offset;
     const uint64_t b = std::min(end, p.offset + p.size) - p.offset;
     switch (p.kind) {
@@ -202,9 +233,12 @@ void VirtualFile::SourceRanges(uint64_t offset, uint64_t length,
         fn(p.source + e0 * win, (e1 - e0) * win);
         break;
       }
-      case Piece::Kind::kGather:
-        fn(p.source, SpanEnd(*p.gather) - p.source);
+      case Piece::Kind::kGather: {
+        const uint64_t wout = ElementSize(p.gather->to);
+        const auto [first, last] = GatherSpan(*p.gather, a / wout, (b - 1) / wout);
+        fn(first, last - first);
         break;
+      }
     }
   }
 }

@@ -69,7 +69,8 @@ class VirtualFile {
   // Reads up to out.size() bytes at offset (short only at the end).
   Result<size_t> Read(uint64_t offset, MutableBytes out, const SourceReader& source) const;
   // Calls fn(source_offset, length) for the source ranges that [offset, offset + length) of
-  // this file reads (gathers: the whole span of their tensor's elements in that range).
+  // this file reads (gathers: one range from the lowest to the highest source byte that the
+  // tensor's elements in that range may lie at, bounded from their indices).
   void SourceRanges(uint64_t offset, uint64_t length,
                     const std::function<void(uint64_t, uint64_t)>& fn) const;
 
