@@ -247,8 +247,17 @@ Result<std::shared_ptr<PrecisionPlan>> PlanSafetensors(const SourceReader& read,
   CKPTFS_ASSIGN_OR_RETURN(head, ReadAt(read, 0, *need));
   auto index = ParseSafetensorsHeader(AsBytes(head));
   if (!index.ok() || index->data_end > size) return Status::NotSupported("not safetensors");
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!index->metadata.empty()) header["__metadata__"] = index->metadata;
+  // The header as one JSON object, metadata first, then the tensors in the order of their
+  // data; written member by member (the names are unique: the parser refuses a name twice),
+  // since an ordered_json object looks each new key up among all before it, quadratic in the
+  // number of tensors. The same bytes as dumping that object.
+  auto dump = [](const nlohmann::ordered_json& j) {
+    return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  };
+  std::string json = "{";
+  if (!index->metadata.empty()) {
+    json += "\"__metadata__\":" + dump(nlohmann::ordered_json(index->metadata));
+  }
   auto file = std::make_shared<VirtualFile>();
   std::vector<std::pair<const SafetensorsTensor*, DType>> order;
   uint64_t off = 0;
@@ -257,14 +266,17 @@ Result<std::shared_ptr<PrecisionPlan>> PlanSafetensors(const SourceReader& read,
     const DType out = ConvertsTo(t.dtype, to) ? to : t.dtype;
     converted += out != t.dtype;
     const uint64_t bytes = (t.end - t.begin) / ElementSize(t.dtype) * ElementSize(out);
-    header[t.name] = {{"dtype", std::string(SafetensorsName(out))},
-                      {"shape", t.shape},
-                      {"data_offsets", {off, off + bytes}}};
+    if (json.size() > 1) json += ',';
+    json += dump(nlohmann::ordered_json(t.name));
+    json += ':';
+    json += dump({{"dtype", std::string(SafetensorsName(out))},
+                  {"shape", t.shape},
+                  {"data_offsets", {off, off + bytes}}});
     off += bytes;
     order.emplace_back(&t, out);
   }
   if (converted == 0) return Status::NotSupported("nothing to convert");
-  std::string json = header.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  json += '}';
   json.append((8 - json.size() % 8) % 8, ' ');
   std::string prefix(8, '\0');
   PutLE<uint64_t>(prefix.data(), json.size());

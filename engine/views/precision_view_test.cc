@@ -94,6 +94,50 @@ TEST(PrecisionViewTest, SafetensorsToHalf) {
   EXPECT_EQ(out.substr(8 + len + 12), data.substr(24));
 }
 
+// The rewritten header of a file of many tensors, whose names need escaping: exactly the JSON
+// that dumping one ordered object gives (the header is written member by member, so that its
+// cost grows with the number of tensors, not with its square).
+TEST(PrecisionViewTest, SafetensorsHeaderOfManyTensors) {
+  constexpr int kTensors = 5000;
+  std::string body = R"("__metadata__":{"format":"pt","z":"\"quoted\""},)";
+  std::string data;
+  nlohmann::ordered_json expect = nlohmann::ordered_json::object();
+  expect["__metadata__"] = {{"format", "pt"}, {"z", "\"quoted\""}};
+  uint64_t in = 0, out = 0;
+  for (int i = 0; i < kTensors; ++i) {
+    // Names sorted as their data is laid out, with quotes, backslashes, a tab and UTF-8.
+    char name[64];
+    std::snprintf(name, sizeof(name), "layer.%05d.w\"\\\t\xc3\xa9", i);
+    const bool f32 = i % 3 != 0;
+    const uint64_t bytes = f32 ? 8 : 2;  // two f32, or one i16 (left as it is)
+    body += nlohmann::json(name).dump() + ":{\"dtype\":\"" + (f32 ? "F32" : "I16") +
+            "\",\"shape\":[" + (f32 ? "2" : "1") + "],\"data_offsets\":[" + std::to_string(in) +
+            "," + std::to_string(in + bytes) + "]},";
+    in += bytes;
+    data.append(bytes, static_cast<char>(i));
+    const uint64_t out_bytes = f32 ? 4 : 2;
+    expect[name] = {{"dtype", f32 ? "BF16" : "I16"},
+                    {"shape", std::vector<uint64_t>{f32 ? 2u : 1u}},
+                    {"data_offsets", {out, out + out_bytes}}};
+    out += out_bytes;
+  }
+  body.pop_back();
+  MemorySource src{SafetensorsFile(body, data)};
+  auto plan = PlanPrecisionView(src.reader(), src.data.size(), ScanLayout(src.data), DType::kBF16);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  auto file = (*plan)->Finish(src.reader());
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  const std::string view = ReadAll(**file, src.reader());
+  uint64_t len;
+  ASSERT_GE(view.size(), 8u);
+  std::memcpy(&len, view.data(), 8);
+  ASSERT_LE(8 + len, view.size());
+  std::string header = expect.dump();
+  header.append((8 - header.size() % 8) % 8, ' ');
+  EXPECT_EQ(view.substr(8, len), header);
+  EXPECT_EQ(view.size(), 8 + len + out);
+}
+
 TEST(PrecisionViewTest, NothingToConvertOrUnparsable) {
   std::string ids(24, '\x01');
   MemorySource ints{
