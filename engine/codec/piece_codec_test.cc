@@ -728,5 +728,72 @@ TEST(PieceCodecTest, RecordsOfTheRowColumnModelStillDecode) {
   EXPECT_EQ(0, std::memcmp(out.data(), expected.data(), expected.size()));
 }
 
+// Every vector level (baseline SSE2, AVX2, AVX-512: whichever this CPU has) writes the same bytes
+// for every layout of the plane loops, and reads what any level wrote.
+TEST(PieceCodecTest, EveryVectorLevelWritesAndReadsTheSameBytes) {
+  struct Case {
+    std::string name;
+    Buffer raw, base;
+    uint8_t width;
+  };
+  std::vector<Case> cases;
+  {
+    auto [base, raw] = DecayingMoment((64 << 10) + 5, 31);  // scaled sub, a tail of 1..3 bytes
+    Buffer tail_raw = ToBuffer(raw.data(), raw.size() - 2);
+    Buffer tail_base = ToBuffer(base.data(), base.size() - 2);
+    cases.push_back({"fp32 scaled sub", std::move(tail_raw), std::move(tail_base), 4});
+  }
+  cases.push_back({"fp32 moment", RowColumnMoment(4, 300, 1000, 999, 3, 8, true), Buffer(), 4});
+  cases.push_back({"bf16 moment", RowColumnMoment(2, 700, 384, 0, 1, 9), Buffer(), 2});
+  std::mt19937_64 rng(12);
+  for (uint8_t width : {1, 2, 3, 4, 8}) {
+    std::vector<uint8_t> a(100003), b(a.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      a[i] = static_cast<uint8_t>(rng() % 5);
+      b[i] = static_cast<uint8_t>(a[i] + (rng() % 4 == 0));
+    }
+    cases.push_back({"delta width " + std::to_string(width), ToBuffer(b.data(), b.size()),
+                     ToBuffer(a.data(), a.size()), width});
+  }
+  const CodecVectorLevel widest = CapCodecVectorLevelForTesting(CodecVectorLevel::kAvx512);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const Buffer* base = c.base.empty() ? nullptr : &c.base;
+    std::vector<std::pair<PieceEncoding, Buffer>> written;  // per level: auto, then xor
+    for (auto level :
+         {CodecVectorLevel::kBaseline, CodecVectorLevel::kAvx2, CodecVectorLevel::kAvx512}) {
+      CapCodecVectorLevelForTesting(level);
+      EncodedPiece p = EncodePiece(CodecSpec{}, c.raw.bytes(), c.width, base);
+      ASSERT_FALSE(p.stored_raw());
+      written.push_back({p.encoding, std::move(p.stored)});
+      if (base != nullptr) {
+        written.emplace_back(
+            PieceEncoding{Transform::kXor, c.width, Codec::kLz4},
+            EncodePieceAs(CodecSpec{}, c.raw.bytes(), Transform::kXor, c.width, base));
+      }
+    }
+    const size_t per_level = base != nullptr ? 2 : 1;
+    for (size_t k = per_level; k < written.size(); ++k) {
+      const auto& [enc, stored] = written[k];
+      const auto& [first_enc, first] = written[k % per_level];
+      EXPECT_EQ(enc.transform, first_enc.transform);
+      ASSERT_EQ(stored.size(), first.size());
+      EXPECT_EQ(0, std::memcmp(stored.data(), first.data(), first.size()));
+    }
+    for (auto level :
+         {CodecVectorLevel::kBaseline, CodecVectorLevel::kAvx2, CodecVectorLevel::kAvx512}) {
+      CapCodecVectorLevelForTesting(level);
+      for (size_t k = 0; k < per_level; ++k) {
+        Buffer back(c.raw.size());
+        ASSERT_TRUE(DecodePiece(written[k].first, written[k].second.bytes(),
+                                base ? base->bytes() : Bytes{}, back.mutable_bytes())
+                        .ok());
+        EXPECT_EQ(0, std::memcmp(back.data(), c.raw.data(), c.raw.size()));
+      }
+    }
+  }
+  CapCodecVectorLevelForTesting(widest);
+}
+
 }  // namespace
 }  // namespace ckptfs

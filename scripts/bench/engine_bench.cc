@@ -1024,6 +1024,9 @@ TensorPieces CollectPieces(Bytes v1, const Buffer* v2, bool bf16) {
     return at;
   };
   TensorPieces tp;
+  // Room for every tensor up front: growing by each section's size copied all before it.
+  tp.bytes.Reserve(v1.size() / 4 * width);
+  if (v2 != nullptr) tp.later.Reserve(v2->size() / 4 * width);
   for (const LayoutSection& s : l1.sections) {
     if (s.dtype != DType::kF32 || s.size < 4) continue;
     const size_t at = convert(v1.subspan(s.start, s.size), &tp.bytes);
