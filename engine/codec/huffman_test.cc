@@ -106,5 +106,26 @@ TEST(HuffmanTest, CorruptedStreamsNeverCrashAndBadTablesAreRejected) {
   EXPECT_FALSE(HuffmanDecode(bad.bytes(), back.mutable_bytes()).ok());
 }
 
+// Streams that fill their output at different speeds (a run of one symbol decodes 4 symbols per
+// lookup, noise 1): each stream is decoded to its end, whichever finishes first; truncations are
+// still Corruption.
+TEST(HuffmanTest, StreamsOfRunsAndOfNoiseRoundTrip) {
+  for (size_t n : {size_t{4000}, size_t{65536}, size_t{262147}}) {
+    for (int runs_in : {0, 1, 2, 3}) {
+      SCOPED_TRACE(std::to_string(n) + " runs in stream " + std::to_string(runs_in));
+      Buffer in = Skewed(n, 20.0, static_cast<uint32_t>(n + runs_in));
+      const size_t run = (n + 3) / 4;
+      std::memset(in.data() + run * runs_in, 120, std::min(run, n - run * runs_in));
+      ExpectRoundTrip(in);
+      Buffer enc;
+      ASSERT_TRUE(HuffmanEncode(in.bytes(), &enc));
+      Buffer back(n);
+      for (size_t cut = enc.size() - 64; cut < enc.size(); ++cut) {
+        EXPECT_FALSE(HuffmanDecode(enc.bytes().first(cut), back.mutable_bytes()).ok()) << cut;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ckptfs
