@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/codec/vector_level.h"
 #include "engine/util/coding.h"
 
 namespace ckptfs {
@@ -23,6 +24,11 @@ inline uint64_t Load64(const uint8_t* p) {
   return v;
 }
 inline void Store64(uint8_t* p, uint64_t v) { std::memcpy(p, &v, 8); }
+inline uint16_t Load16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);  // little-endian host: p[0] in the low byte
+  return v;
+}
 inline void Store32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }
 
 // Input run k of n bytes cut into kStreams runs.
@@ -37,20 +43,22 @@ inline size_t RunEnd(size_t n, int k) { return std::min(n, RunSize(n) * (k + 1))
 // ("In-place calculation of minimum-redundancy codes", 1995).
 void BuildLengths(const uint64_t counts[256], uint8_t len[256]) {
   std::memset(len, 0, 256);
-  std::array<std::pair<uint64_t, int>, 256> order;  // count, symbol
+  // count << 8 | symbol: sorted as one integer, by count and ties by symbol (deterministic), at
+  // half the cost of sorting (count, symbol) pairs. Counts are below 2^32 (inputs are).
+  uint64_t order[256];
   int n = 0;
   for (int s = 0; s < 256; ++s) {
-    if (counts[s] > 0) order[n++] = {counts[s], s};
+    if (counts[s] > 0) order[n++] = counts[s] << 8 | static_cast<uint64_t>(s);
   }
   if (n <= 1) {
-    const int s = n == 0 ? 0 : order[0].second;
+    const int s = n == 0 ? 0 : static_cast<int>(order[0] & 0xff);
     len[s] = 1;
     len[s ^ 1] = 1;
     return;
   }
-  std::sort(order.begin(), order.begin() + n);  // ties by symbol: deterministic
+  std::sort(order, order + n);
   uint64_t a[256];
-  for (int i = 0; i < n; ++i) a[i] = order[i].first;
+  for (int i = 0; i < n; ++i) a[i] = order[i] >> 8;
   for (;;) {
     uint64_t w[256];
     std::copy(a, a + n, w);
@@ -94,7 +102,7 @@ void BuildLengths(const uint64_t counts[256], uint8_t len[256]) {
     }
     // w[i] is now the length of the i-th lightest symbol; w[0] is the longest.
     if (w[0] <= static_cast<uint64_t>(kHuffmanMaxBits)) {
-      for (int i = 0; i < n; ++i) len[order[i].second] = static_cast<uint8_t>(w[i]);
+      for (int i = 0; i < n; ++i) len[order[i] & 0xff] = static_cast<uint8_t>(w[i]);
       return;
     }
     for (int i = 0; i < n; ++i) a[i] = (a[i] >> 1) | 1;  // flatten, keep every symbol
@@ -157,8 +165,13 @@ struct StreamWriter {
 // Writes the codes of the runs of `in` into the streams, interleaved (independent dependency
 // chains run in parallel). Each stream's bytes are exactly its precomputed length. The fast loop
 // keeps each stream's state in locals: held in the writers, every byte store through a
-// uint8_t* could alias them and the compiler would reload them after each store.
-void EncodeStreams(const uint8_t* in, size_t n, const uint32_t table[256], StreamWriter w[]) {
+// uint8_t* could alias them and the compiler would reload them after each store. With kPairs it
+// looks two symbols up at once in `pairs` (indexed by the two bytes as a little-endian uint16:
+// both codes, the first in the low bits, | their total length << 24): the same bits, with half
+// the lookups, shifts and adds.
+template <bool kPairs>
+inline void EncodeStreamsBody(const uint8_t* in, size_t n, const uint32_t table[256],
+                              const uint32_t* pairs, StreamWriter w[]) {
   static_assert(kStreams == 4);
   const uint8_t* src[kStreams];
   size_t count[kStreams];
@@ -183,6 +196,11 @@ void EncodeStreams(const uint8_t* in, size_t n, const uint32_t table[256], Strea
       acc |= static_cast<uint64_t>(e & 0xffff) << bits;
       bits += e >> 16;
     };
+    auto put_pair = [pairs](uint64_t& acc, unsigned& bits, uint16_t two) {
+      const uint32_t e = pairs[two];
+      acc |= static_cast<uint64_t>(e & 0xffffff) << bits;
+      bits += e >> 24;
+    };
     auto flush = [](uint64_t& acc, unsigned& bits, uint8_t*& d) {
       Store64(d, acc);
       d += bits >> 3;
@@ -198,11 +216,20 @@ void EncodeStreams(const uint8_t* in, size_t n, const uint32_t table[256], Strea
       }
       if (rounds == 0) break;
       for (size_t r = 0; r < rounds; ++r, i += 4) {
-        for (int j = 0; j < 4; ++j) {
-          put(a0, b0, s0[i + j]);
-          put(a1, b1, s1[i + j]);
-          put(a2, b2, s2[i + j]);
-          put(a3, b3, s3[i + j]);
+        if constexpr (kPairs) {
+          for (int j = 0; j < 4; j += 2) {
+            put_pair(a0, b0, Load16(s0 + i + j));
+            put_pair(a1, b1, Load16(s1 + i + j));
+            put_pair(a2, b2, Load16(s2 + i + j));
+            put_pair(a3, b3, Load16(s3 + i + j));
+          }
+        } else {
+          for (int j = 0; j < 4; ++j) {
+            put(a0, b0, s0[i + j]);
+            put(a1, b1, s1[i + j]);
+            put(a2, b2, s2[i + j]);
+            put(a3, b3, s3[i + j]);
+          }
         }
         flush(a0, b0, d0);
         flush(a1, b1, d1);
@@ -226,6 +253,52 @@ void EncodeStreams(const uint8_t* in, size_t n, const uint32_t table[256], Strea
     }
     w[k].Finish();
   }
+}
+
+// The same with BMI2 (vector_level.h): shifts by a count in any register (shlx) instead of cl
+// leave the 4 streams' state in registers (~7% faster encoding of bf16 delta planes).
+#if defined(__x86_64__)
+CKPTFS_TARGET_AVX2 void EncodeStreamsBmi2(const uint8_t* in, size_t n, const uint32_t table[256],
+                                          const uint32_t* pairs, StreamWriter w[]) {
+  if (pairs != nullptr) return EncodeStreamsBody<true>(in, n, table, pairs, w);
+  EncodeStreamsBody<false>(in, n, table, nullptr, w);
+}
+#endif
+// `pairs`: the table of symbol pairs, or null to look symbols up one at a time.
+void EncodeStreams(const uint8_t* in, size_t n, const uint32_t table[256], const uint32_t* pairs,
+                   StreamWriter w[]) {
+#if defined(__x86_64__)
+  if (CodecVectorLevelInUse() >= CodecVectorLevel::kAvx2) {
+    return EncodeStreamsBmi2(in, n, table, pairs, w);
+  }
+#endif
+  if (pairs != nullptr) return EncodeStreamsBody<true>(in, n, table, pairs, w);
+  EncodeStreamsBody<false>(in, n, table, nullptr, w);
+}
+
+// The pair table of EncodeStreamsBody for a code of k symbols, or null where it would not pay:
+// it is filled for the k * k pairs of symbols with a code (the others are never looked up), so
+// only for k <= 128 and inputs of at least 8 * k * k bytes. (Measured on the delta planes of
+// the trajectories: a plane of 1.1 bits per byte encodes at 1.1 -> 1.6 GB/s per core; with 256
+// symbols the build and a 256 KiB table cost more than they save.) Per thread, 256 KiB.
+const uint32_t* PairTable(const uint8_t len[256], const uint16_t code[256], int last, size_t n) {
+  int used[256];
+  size_t k = 0;
+  for (int s = 0; s <= last; ++s) {
+    if (len[s] > 0) used[k++] = s;
+  }
+  if (k > 128 || n < 8 * k * k) return nullptr;
+  thread_local std::vector<uint32_t> pairs(size_t{1} << 16);
+  uint32_t* table = pairs.data();
+  for (size_t x = 0; x < k; ++x) {
+    const int a = used[x];
+    for (size_t y = 0; y < k; ++y) {
+      const int b = used[y];
+      table[a | b << 8] = (uint32_t{code[a]} | uint32_t{code[b]} << len[a]) |
+                          static_cast<uint32_t>(len[a] + len[b]) << 24;
+    }
+  }
+  return table;
 }
 
 // A decoding table entry: the symbols that the next kHuffmanMaxBits bits start with (up to 4,
@@ -454,7 +527,7 @@ size_t HuffmanEncodeTo(Bytes in, std::byte* dst_bytes, size_t capacity) {
     dst += plan.stream_bytes[k];
     w[k].end = dst;
   }
-  EncodeStreams(p, n, table, w);
+  EncodeStreams(p, n, table, PairTable(len, code, last, n), w);
   return total;
 }
 

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <optional>
@@ -14,6 +13,7 @@
 #endif
 
 #include "engine/codec/huffman.h"
+#include "engine/codec/vector_level.h"
 #include "engine/util/coding.h"
 
 namespace ckptfs {
@@ -343,55 +343,30 @@ inline void JoinBody(PlaneLayout layout, const PlanePointers& planes, const std:
   }
 }
 
-// The same loops compiled for AVX-512 (and AVX2), chosen at run time: the compiler vectorises
-// the byte transposes and the prediction 2x wider than for the baseline's SSE2 (a split of fp32
-// sub with the scaled prediction: 4.6 -> 9.5 GB/s in a micro-benchmark, hot cache). `flatten`
-// inlines the loops into these functions, so they are compiled for the wider target.
+// The same loops compiled for AVX-512 and AVX2 (vector_level.h): the compiler vectorises the byte
+// transposes and the prediction 2x wider than for the baseline's SSE2 (a split of fp32 sub with
+// the scaled prediction: 4.6 -> 9.5 GB/s in a micro-benchmark, hot cache).
 #if defined(__x86_64__)
-#define CKPTFS_CODEC_AVX512 \
-  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,bmi2"), flatten))
-#define CKPTFS_CODEC_AVX2 __attribute__((target("avx2,bmi2"), flatten))
-CKPTFS_CODEC_AVX512 void SplitAvx512(PlaneLayout l, Bytes raw, const std::byte* base,
-                                     std::byte* out) {
+CKPTFS_TARGET_AVX512 void SplitAvx512(PlaneLayout l, Bytes raw, const std::byte* base,
+                                      std::byte* out) {
   SplitBody(l, raw, base, out);
 }
-CKPTFS_CODEC_AVX2 void SplitAvx2(PlaneLayout l, Bytes raw, const std::byte* base, std::byte* out) {
+CKPTFS_TARGET_AVX2 void SplitAvx2(PlaneLayout l, Bytes raw, const std::byte* base, std::byte* out) {
   SplitBody(l, raw, base, out);
 }
-CKPTFS_CODEC_AVX512 void JoinAvx512(PlaneLayout l, const PlanePointers& planes,
-                                    const std::byte* base, MutableBytes out) {
+CKPTFS_TARGET_AVX512 void JoinAvx512(PlaneLayout l, const PlanePointers& planes,
+                                     const std::byte* base, MutableBytes out) {
   JoinBody(l, planes, base, out);
 }
-CKPTFS_CODEC_AVX2 void JoinAvx2(PlaneLayout l, const PlanePointers& planes, const std::byte* base,
-                                MutableBytes out) {
+CKPTFS_TARGET_AVX2 void JoinAvx2(PlaneLayout l, const PlanePointers& planes, const std::byte* base,
+                                 MutableBytes out) {
   JoinBody(l, planes, base, out);
 }
 #endif
-
-// The widest vector instructions this CPU has that the loops above are compiled for, under the
-// tests' cap.
-CodecVectorLevel DetectVectorLevel() {
-#if defined(__x86_64__)
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-      __builtin_cpu_supports("bmi2")) {
-    return CodecVectorLevel::kAvx512;
-  }
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi2")) {
-    return CodecVectorLevel::kAvx2;
-  }
-#endif
-  return CodecVectorLevel::kBaseline;
-}
-std::atomic<CodecVectorLevel> vector_level_cap{CodecVectorLevel::kAvx512};
-CodecVectorLevel CpuVectorLevel() {
-  static const CodecVectorLevel cpu = DetectVectorLevel();
-  return std::min(cpu, vector_level_cap.load(std::memory_order_relaxed));
-}
 
 void SplitAs(PlaneLayout layout, Bytes raw, const std::byte* base, std::byte* out) {
 #if defined(__x86_64__)
-  const CodecVectorLevel level = CpuVectorLevel();
+  const CodecVectorLevel level = CodecVectorLevelInUse();
   if (level == CodecVectorLevel::kAvx512) return SplitAvx512(layout, raw, base, out);
   if (level == CodecVectorLevel::kAvx2) return SplitAvx2(layout, raw, base, out);
 #endif
@@ -401,7 +376,7 @@ void SplitAs(PlaneLayout layout, Bytes raw, const std::byte* base, std::byte* ou
 void JoinAs(PlaneLayout layout, const PlanePointers& planes, const std::byte* base,
             MutableBytes out) {
 #if defined(__x86_64__)
-  const CodecVectorLevel level = CpuVectorLevel();
+  const CodecVectorLevel level = CodecVectorLevelInUse();
   if (level == CodecVectorLevel::kAvx512) return JoinAvx512(layout, planes, base, out);
   if (level == CodecVectorLevel::kAvx2) return JoinAvx2(layout, planes, base, out);
 #endif
@@ -1035,10 +1010,6 @@ Buffer EncodeRotatedPlanes(const CodecSpec& spec, Bytes raw, uint8_t width) {
   Buffer scratch, out;
   EncodeWith(spec, Transform::kPlanes, width, raw, nullptr, {.rotated = true}, &scratch, &out);
   return out;
-}
-
-CodecVectorLevel CapCodecVectorLevelForTesting(CodecVectorLevel cap) {
-  return vector_level_cap.exchange(cap);
 }
 
 Status DecodePiece(const PieceEncoding& encoding, Bytes stored, Bytes base, MutableBytes out) {

@@ -89,10 +89,4 @@ Buffer EncodeRotatedPlanes(const CodecSpec& spec, Bytes raw, uint8_t width);
 // Decodes `stored` into `out` (exactly the raw length). Deltas need `base` of that length.
 Status DecodePiece(const PieceEncoding& encoding, Bytes stored, Bytes base, MutableBytes out);
 
-// The vector instructions the plane loops of EncodePiece and DecodePiece use, the widest the CPU
-// has (checked once, at run time); every level writes and reads the same bytes.
-enum class CodecVectorLevel : uint8_t { kBaseline = 0, kAvx2 = 1, kAvx512 = 2 };
-// For tests: uses at most `cap` from now on (in every thread); returns the previous cap.
-CodecVectorLevel CapCodecVectorLevelForTesting(CodecVectorLevel cap);
-
 }  // namespace ckptfs

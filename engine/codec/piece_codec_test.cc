@@ -11,6 +11,8 @@
 #include <tuple>
 #include <vector>
 
+#include "engine/codec/vector_level.h"
+
 namespace ckptfs {
 namespace {
 
