@@ -252,7 +252,7 @@ memstore device bytes = {self.memstore_bytes}
 osd crush update on start = true
 
 [client.rgw]
-rgw frontends = beast endpoint=127.0.0.1:{self.rgw_port}
+rgw frontends = beast endpoint=127.0.0.1:{self.rgw_port} tcp_nodelay=1
 rgw data = {d}/rgw
 rgw dns name = 127.0.0.1
 rgw enable usage log = false
