@@ -101,10 +101,16 @@ void RaiseReadahead(const std::string& mountpoint) {
   }).detach();
 }
 
-// The S3 client and location of an S3 store, with the cache restored from the bucket when it
-// holds no store; *node becomes the host name when empty.
-Result<std::pair<std::unique_ptr<objstore::S3Client>, objstore::S3Location>> OpenS3(
-    const MountArgs& args, std::string* node) {
+// An S3 store's client and location, with the cache restored from the bucket when it held no
+// store (restored: the node's newest publication, which BucketMirror::Open takes).
+struct OpenedS3 {
+  std::unique_ptr<objstore::S3Client> client;
+  objstore::S3Location location;
+  std::optional<objstore::BucketMirror::Publication> restored;
+};
+
+// *node becomes the host name when empty.
+Result<OpenedS3> OpenS3(const MountArgs& args, std::string* node) {
   CKPTFS_ASSIGN_OR_RETURN(objstore::S3Store s3,
                           objstore::OpenS3Store(args.s3_location, args.s3_endpoint));
   if (node->empty()) {
@@ -112,9 +118,9 @@ Result<std::pair<std::unique_ptr<objstore::S3Client>, objstore::S3Location>> Ope
     if (::gethostname(host, sizeof(host) - 1) != 0) return Status::FromErrno(errno, "gethostname");
     *node = host;
   }
-  CKPTFS_RETURN_IF_ERROR(
-      objstore::BucketMirror::Restore(*s3.client, s3.location, *node, args.store));
-  return std::make_pair(std::move(s3.client), std::move(s3.location));
+  CKPTFS_ASSIGN_OR_RETURN(
+      auto restored, objstore::BucketMirror::Restore(*s3.client, s3.location, *node, args.store));
+  return OpenedS3{std::move(s3.client), std::move(s3.location), std::move(restored)};
 }
 
 int Serve(const MountArgs& args, ReadyPipe ready) {
@@ -169,6 +175,7 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
   std::unique_ptr<objstore::S3Client> s3;
   std::optional<objstore::S3Location> s3_location;
   std::shared_ptr<objstore::RemotePacks> remote_packs;  // records read from the bucket
+  std::optional<objstore::BucketMirror::Publication> restored;
   std::string node = args.node;
   if (!args.s3_location.empty()) {
     auto opened = OpenS3(args, &node);
@@ -176,7 +183,9 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
       ready.Report(opened.status().ToString());
       return 1;
     }
-    std::tie(s3, s3_location) = std::move(*opened);
+    s3 = std::move(opened->client);
+    s3_location = std::move(opened->location);
+    restored = std::move(opened->restored);
     // Packs restored on demand are read from the bucket as their records are needed.
     auto remote = objstore::RemotePacks::Open(s3.get(), *s3_location, args.store);
     if (!remote.ok()) {
@@ -197,7 +206,7 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
   std::unique_ptr<objstore::BucketMirror> mirror;
   if (s3) {
     auto opened = objstore::BucketMirror::Open(s3.get(), *s3_location, node, store->get(),
-                                               remote_packs.get());
+                                               remote_packs.get(), std::move(restored));
     if (!opened.ok()) {
       ready.Report("cannot read this node's manifests in " + args.s3_location + ": " +
                    opened.status().ToString());
@@ -343,6 +352,17 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
     }
   }
   RaiseReadahead(args.mountpoint);
+  // A cache just restored is synced behind the mount, which serves meanwhile (bucket_mirror.h).
+  std::jthread settle;
+  if (s3) {
+    settle = std::jthread([dir = args.store] {
+      SetThreadRole("settle");
+      if (Status st = objstore::BucketMirror::SettleRestore(dir); !st.ok()) {
+        spdlog::warn("cannot sync the restored cache {} ({}); the next mount restores it again",
+                     dir, st.ToString());
+      }
+    });
+  }
   // With one arena, memory freed between bursts (1 MiB chunk buffers of saves, decoded chunks
   // of reads) sits in holes of one heap that trimming at its top cannot return: a save's peak
   // reached 695 MiB against cache + inflight = 512 MiB. malloc_trim returns the holes too, but

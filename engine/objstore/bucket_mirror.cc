@@ -4,17 +4,18 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
-#include <cinttypes>
-#include <cstdio>
-#include <ctime>
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <ctime>
 #include <fstream>
 #include <functional>
-#include <thread>
-#include <set>
+#include <future>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
 
 #include "engine/objstore/remote_packs.h"
 #include "engine/objstore/remote_versions.h"
@@ -67,15 +68,6 @@ Status WriteFileAt(int fd, Bytes data, uint64_t offset, const std::string& what)
   return Status::OK();
 }
 
-Status WriteWholeFile(const fs::path& path, Bytes data) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return Status::FromErrno(errno, "create " + path.string());
-  Status st = WriteFileAt(fd, data, 0, path.string());
-  if (st.ok() && ::fsync(fd) != 0) st = Status::FromErrno(errno, "fsync " + path.string());
-  ::close(fd);
-  return st;
-}
-
 // A blob named by its SHA-256, checked against its name (once: the client compares it with the
 // stored checksum too).
 Result<Buffer> GetBlob(S3Client& s3, const S3Location& loc, const std::string& sha256) {
@@ -99,6 +91,64 @@ Result<nlohmann::json> ReadManifest(S3Client& s3, const S3Location& loc, const s
                               " is not one this ckptfs reads");
   }
   return doc;
+}
+
+// What manifest `key` (parsed) names.
+Result<BucketMirror::Publication> ParsePublication(const nlohmann::json& manifest,
+                                                   const std::string& key) {
+  BucketMirror::Publication pub;
+  pub.seq = manifest.value("seq", uint64_t{0});
+  pub.image_sha256 = manifest["catalog"].value("sha256", "");
+  for (const auto& [file, segments] : manifest["packs"].items()) {
+    std::vector<PackSegment>& segs = pub.packs[file];
+    for (const auto& seg : segments) {
+      if (!seg.is_array() || seg.size() != 3 || !seg[0].is_number_unsigned() ||
+          !seg[1].is_number_unsigned() || !seg[2].is_string()) {
+        return Status::Corruption("manifest " + key + " has a malformed segment");
+      }
+      segs.push_back({seg[0].get<uint64_t>(), seg[1].get<uint64_t>(), seg[2].get<std::string>()});
+    }
+  }
+  return pub;
+}
+
+// The newest publication of `node` (seq 0 and nothing else when it published none).
+Result<BucketMirror::Publication> NewestPublication(S3Client& s3, const S3Location& loc,
+                                                    const std::string& node) {
+  CKPTFS_ASSIGN_OR_RETURN(std::optional<std::string> key, NewestManifestKey(s3, loc, node));
+  if (!key) return BucketMirror::Publication();
+  CKPTFS_ASSIGN_OR_RETURN(nlohmann::json manifest, ReadManifest(s3, loc, *key));
+  return ParsePublication(manifest, *key);
+}
+
+// Writes `data` as the new file `path`, not synced (SettleRestore syncs it).
+Status WriteCacheFile(const fs::path& path, Bytes data) {
+  CKPTFS_ASSIGN_OR_RETURN(FileDescriptor fd,
+                          OpenFile(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC));
+  return WriteFileAt(fd.get(), data, 0, path.string());
+}
+
+// Makes a cache directory ready for a restore, durably marked as one in progress: a previous
+// attempt's files removed, the directories made, kRestoreMarker created and synced.
+Status PrepareRestore(const fs::path& cache_dir) {
+  std::error_code ec;
+  fs::create_directories(cache_dir, ec);
+  if (ec) return Status::FromErrno(ec.value(), "create " + cache_dir.string());
+  const fs::path marker = cache_dir / BucketMirror::kRestoreMarker;
+  {
+    CKPTFS_ASSIGN_OR_RETURN(FileDescriptor fd, OpenFile(marker, O_WRONLY | O_CREAT | O_CLOEXEC));
+    CKPTFS_RETURN_IF_ERROR(DataSync(fd.get(), marker));
+  }
+  CKPTFS_RETURN_IF_ERROR(SyncDir(cache_dir));
+  // The marker is durable: what follows may be torn by a crash, and is then redone.
+  fs::remove(cache_dir / "ckptfs.json", ec);
+  fs::remove_all(cache_dir / "catalog", ec);
+  fs::remove_all(cache_dir / "packs", ec);
+  fs::remove(cache_dir / RemotePacks::kFileName, ec);
+  fs::create_directories(cache_dir / "catalog", ec);
+  fs::create_directories(cache_dir / "packs", ec);
+  if (ec) return Status::FromErrno(ec.value(), "create " + cache_dir.string());
+  return Status::OK();
 }
 
 // Runs fn(0) ... fn(n - 1) on up to kTransfers threads; returns the first error (the other
@@ -139,19 +189,7 @@ Result<BucketMirror::Publication> BucketMirror::ReadPublication(S3Client& s3,
                                                                 uint64_t seq) {
   const std::string key = ManifestKey(loc, node, seq);
   CKPTFS_ASSIGN_OR_RETURN(nlohmann::json manifest, ReadManifest(s3, loc, key));
-  Publication pub;
-  pub.image_sha256 = manifest["catalog"].value("sha256", "");
-  for (const auto& [file, segments] : manifest["packs"].items()) {
-    std::vector<PackSegment>& segs = pub.packs[file];
-    for (const auto& seg : segments) {
-      if (!seg.is_array() || seg.size() != 3) {
-        return Status::Corruption("manifest " + key + " has a malformed segment");
-      }
-      segs.push_back({seg.at(0).get<uint64_t>(), seg.at(1).get<uint64_t>(),
-                      seg.at(2).get<std::string>()});
-    }
-  }
-  return pub;
+  return ParsePublication(manifest, key);
 }
 
 Result<Buffer> BucketMirror::GetObject(S3Client& s3, const S3Location& loc,
@@ -173,64 +211,87 @@ Status BucketMirror::InitBucket(S3Client& s3, const S3Location& loc,
   return s3.Put(loc.bucket, loc.Key("ckptfs.json"), AsBytes(params));
 }
 
-Status BucketMirror::Restore(S3Client& s3, const S3Location& loc, const std::string& node,
-                             const fs::path& cache_dir) {
+Result<std::optional<BucketMirror::Publication>> BucketMirror::Restore(S3Client& s3,
+                                                                       const S3Location& loc,
+                                                                       const std::string& node,
+                                                                       const fs::path& cache_dir) {
   std::error_code ec;
-  if (fs::exists(cache_dir / "ckptfs.json", ec)) return Status::OK();  // a store is there
+  if (fs::exists(cache_dir / "ckptfs.json", ec) && !fs::exists(cache_dir / kRestoreMarker, ec)) {
+    return std::optional<Publication>();  // a store is there
+  }
+  // Three things at once (each a round trip, or a few syncs): the cache directory made ready
+  // and marked, the store's parameters, and the node's newest manifest.
+  auto prepared = std::async(std::launch::async, [&] { return PrepareRestore(cache_dir); });
+  auto newest_async =
+      std::async(std::launch::async, [&] { return NewestPublication(s3, loc, node); });
   Result<Buffer> params = s3.Get(loc.bucket, loc.Key("ckptfs.json"));
+  Result<Publication> newest = newest_async.get();
+  CKPTFS_RETURN_IF_ERROR(prepared.get());
   if (!params.ok() && params.status().IsNotFound()) {
     return Status::NotFound("no ckptfs store at " + loc.ToString() + ": create one with "
                             "`ckptfs init " + loc.ToString() + " --endpoint URL`");
   }
   if (!params.ok()) return params.status();
-  // A cache without ckptfs.json holds at most a restore that did not finish: start over.
-  fs::remove_all(cache_dir / "catalog", ec);
-  fs::remove_all(cache_dir / "packs", ec);
-  fs::remove(cache_dir / RemotePacks::kFileName, ec);
-  fs::create_directories(cache_dir / "catalog", ec);
-  fs::create_directories(cache_dir / "packs", ec);
-  if (ec) return Status::FromErrno(ec.value(), "create " + cache_dir.string());
+  if (!newest.ok()) return newest.status();
 
-  CKPTFS_ASSIGN_OR_RETURN(std::optional<std::string> newest, NewestManifestKey(s3, loc, node));
-  if (newest) {
-    CKPTFS_ASSIGN_OR_RETURN(nlohmann::json manifest, ReadManifest(s3, loc, *newest));
-    CKPTFS_ASSIGN_OR_RETURN(Buffer image,
-                            GetBlob(s3, loc, manifest["catalog"]["sha256"].get<std::string>()));
-    CKPTFS_RETURN_IF_ERROR(WriteWholeFile(cache_dir / "catalog" / "data.mdb", image.bytes()));
+  // Nothing below is synced: the bucket holds all of it, so losing it costs a download, never
+  // data. The marker, durable since PrepareRestore, says so until SettleRestore has synced it.
+  if (newest->seq > 0) {
+    CKPTFS_ASSIGN_OR_RETURN(Buffer image, GetBlob(s3, loc, newest->image_sha256));
+    CKPTFS_RETURN_IF_ERROR(WriteCacheFile(cache_dir / "catalog" / "data.mdb", image.bytes()));
     // Reads on demand: each pack becomes a sparse file of its published length (what the
     // store's recovery and pack writer expect), its records read from the bucket's segments
     // when they are needed (remote_packs.h); remote-packs.json says which.
-    std::map<std::string, std::vector<PackSegment>> packs;
     uint64_t bytes = 0;
-    for (const auto& [file, segments] : manifest["packs"].items()) {
+    for (const auto& [file, segs] : newest->packs) {
       uint32_t pack_id = 0;
       if (!ParsePackFileName(file, &pack_id)) {
-        return Status::Corruption("manifest " + *newest + " names a pack '" + file + "'");
-      }
-      std::vector<PackSegment>& segs = packs[file];
-      for (const auto& seg : segments) {
-        segs.push_back({seg.at(0).get<uint64_t>(), seg.at(1).get<uint64_t>(),
-                        seg.at(2).get<std::string>()});
+        return Status::Corruption("manifest " + ManifestKey(loc, node, newest->seq) +
+                                  " names a pack '" + file + "'");
       }
       const uint64_t length = segs.empty() ? 0 : segs.back().offset + segs.back().length;
       bytes += length;
-      fs::path path = cache_dir / "packs" / file;
+      const fs::path path = cache_dir / "packs" / file;
       CKPTFS_ASSIGN_OR_RETURN(FileDescriptor fd,
                               OpenFile(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC));
       if (::ftruncate(fd.get(), static_cast<off_t>(length)) != 0) {
         return Status::FromErrno(errno, "truncate " + path.string());
       }
-      CKPTFS_RETURN_IF_ERROR(DataSync(fd.get(), path));
     }
-    CKPTFS_RETURN_IF_ERROR(RemotePacks::Record(cache_dir, packs));
-    spdlog::info("restored {} from {}: catalog {} bytes; {} pack bytes in {} packs read from "
-                 "the bucket on demand", cache_dir.string(), *newest, image.size(), bytes,
-                 packs.size());
+    CKPTFS_RETURN_IF_ERROR(RemotePacks::Record(cache_dir, newest->packs, /*sync=*/false));
+    spdlog::info(
+        "restored {} from {}: catalog {} bytes; {} pack bytes in {} packs read from "
+        "the bucket on demand",
+        cache_dir.string(), ManifestKey(loc, node, newest->seq), image.size(), bytes,
+        newest->packs.size());
   }
+  CKPTFS_RETURN_IF_ERROR(WriteCacheFile(cache_dir / "ckptfs.json", params->bytes()));
+  return std::optional<Publication>(std::move(*newest));
+}
+
+Status BucketMirror::SettleRestore(const fs::path& cache_dir) {
+  const fs::path marker = cache_dir / kRestoreMarker;
+  std::error_code ec;
+  if (!fs::exists(marker, ec)) return Status::OK();
+  auto sync_file = [](const fs::path& path) -> Status {
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0 && errno == ENOENT) return Status::OK();  // gone since (the store's gc)
+    if (fd < 0) return Status::FromErrno(errno, "open " + path.string());
+    Status st = DataSync(fd, path);
+    ::close(fd);
+    return st;
+  };
+  CKPTFS_RETURN_IF_ERROR(sync_file(cache_dir / "catalog" / "data.mdb"));
+  for (const auto& entry : fs::directory_iterator(cache_dir / "packs", ec)) {
+    CKPTFS_RETURN_IF_ERROR(sync_file(entry.path()));
+  }
+  if (ec) return Status::FromErrno(ec.value(), "list " + (cache_dir / "packs").string());
+  CKPTFS_RETURN_IF_ERROR(sync_file(cache_dir / RemotePacks::kFileName));
+  CKPTFS_RETURN_IF_ERROR(sync_file(cache_dir / "ckptfs.json"));
   CKPTFS_RETURN_IF_ERROR(SyncDir(cache_dir / "packs"));
   CKPTFS_RETURN_IF_ERROR(SyncDir(cache_dir / "catalog"));
-  // Last: its presence says the cache holds a whole store.
-  CKPTFS_RETURN_IF_ERROR(WriteWholeFile(cache_dir / "ckptfs.json", params->bytes()));
+  CKPTFS_RETURN_IF_ERROR(SyncDir(cache_dir));
+  if (::unlink(marker.c_str()) != 0) return Status::FromErrno(errno, "remove " + marker.string());
   return SyncDir(cache_dir);
 }
 
@@ -251,22 +312,18 @@ uint64_t BucketMirror::published_seq() {
 Result<std::unique_ptr<BucketMirror>> BucketMirror::Open(S3Client* s3, S3Location loc,
                                                          std::string node, Store* store,
                                                          const RemotePacks* remote,
+                                                         std::optional<Publication> newest,
                                                          uint64_t segment_bytes) {
   std::unique_ptr<BucketMirror> m(
       new BucketMirror(s3, std::move(loc), std::move(node), store, remote, segment_bytes));
   MutexLock run(m->run_mu_);
-  CKPTFS_ASSIGN_OR_RETURN(std::optional<std::string> newest,
-                          NewestManifestKey(*s3, m->loc_, m->node_));
-  if (!newest) return m;
-  CKPTFS_ASSIGN_OR_RETURN(nlohmann::json manifest, ReadManifest(*s3, m->loc_, *newest));
-  m->seq_ = manifest.value("seq", uint64_t{0});
-  m->last_image_ = manifest["catalog"].value("sha256", "");
-  for (const auto& [file, segments] : manifest["packs"].items()) {
-    std::vector<Segment> segs;
-    for (const auto& s : segments) {
-      segs.push_back({s.at(0).get<uint64_t>(), s.at(1).get<uint64_t>(),
-                      s.at(2).get<std::string>()});
-    }
+  if (!newest) {
+    CKPTFS_ASSIGN_OR_RETURN(newest, NewestPublication(*s3, m->loc_, m->node_));
+  }
+  if (newest->seq == 0) return m;
+  m->seq_ = newest->seq;
+  m->last_image_ = newest->image_sha256;
+  for (auto& [file, segs] : newest->packs) {
     // A local pack shorter than what the bucket holds is not the one published (the cache
     // belongs to another store or was cut): publish it anew (identical segments dedup).
     std::error_code ec;

@@ -10,10 +10,12 @@
 //   PREFIX/nodes/<node>/manifests/<seq>   one publication: the catalog image and, per pack
 //                                         file, the segments that make it up
 //
-//   CKPTFS_RETURN_IF_ERROR(BucketMirror::Restore(s3, loc, "node1", cache_dir));  // if empty
+//   CKPTFS_ASSIGN_OR_RETURN(auto newest, BucketMirror::Restore(s3, loc, "node1", cache_dir));
 //   CKPTFS_ASSIGN_OR_RETURN(options.remote_records, RemotePacks::Open(&s3, loc, cache_dir));
 //   auto store = Store::Open(cache_dir, options);
-//   CKPTFS_ASSIGN_OR_RETURN(auto mirror, BucketMirror::Open(&s3, loc, "node1", store.get()));
+//   CKPTFS_ASSIGN_OR_RETURN(auto mirror, BucketMirror::Open(&s3, loc, "node1", store.get(),
+//                                                           remote.get(), std::move(newest)));
+//   std::thread settle([&] { (void)BucketMirror::SettleRestore(cache_dir); });  // serving now
 //   CKPTFS_RETURN_IF_ERROR(mirror->Publish());   // after the store made its data durable
 //
 // Guarantees:
@@ -77,6 +79,12 @@ struct BucketGcReport {
 class BucketMirror {
  public:
   static constexpr uint64_t kDefaultSegmentBytes = uint64_t{16} << 20;
+  // What a manifest names: its number, its catalog image and, per pack file, its segments.
+  struct Publication {
+    uint64_t seq = 0;
+    std::string image_sha256;
+    std::map<std::string, std::vector<PackSegment>> packs;
+  };
 
   // Records the parameters of a new store (the ckptfs.json of `local_store`, a store just
   // created) at loc. AlreadyExists when loc holds a store.
@@ -85,17 +93,29 @@ class BucketMirror {
   // When `cache_dir` holds no store: fills it from the newest manifest of `node` (or, when the
   // node published none, with the store's ckptfs.json only): the catalog image, and each pack
   // as a sparse file of its published length whose records are read from the bucket on demand
-  // (RemotePacks, named by cache_dir/remote-packs.json); no pack bytes are downloaded. A cache
-  // that holds a store is left as it is. NotFound (saying to run `ckptfs init`) when loc holds
-  // no store.
-  static Status Restore(S3Client& s3, const S3Location& loc, const std::string& node,
-                        const std::filesystem::path& cache_dir);
+  // (RemotePacks, named by cache_dir/remote-packs.json); no pack bytes are downloaded. Returns
+  // that manifest's publication (seq 0: none), for Open. A cache that holds a store is left as
+  // it is (nullopt).
+  // The cache is not the durable copy (the bucket is): nothing Restore writes is synced but a
+  // marker, kRestoreMarker, made durable first and removed by SettleRestore once the rest is
+  // synced. A cache that still holds the marker (a crash came first) is restored again.
+  // NotFound (saying to run `ckptfs init`) when loc holds no store.
+  static constexpr const char* kRestoreMarker = "restore-unsettled";
+  static Result<std::optional<Publication>> Restore(S3Client& s3, const S3Location& loc,
+                                                    const std::string& node,
+                                                    const std::filesystem::path& cache_dir);
+  // Syncs what Restore wrote into cache_dir, then removes its marker (durably). OK when there
+  // is no marker. May run while the store serves (it only syncs files).
+  static Status SettleRestore(const std::filesystem::path& cache_dir);
   // REQUIRES: store is open on the directory Restore filled, and outlives the mirror.
   // `remote` (may be null): the store's remote packs; a publication names their segments
-  // (the bucket holds them) instead of uploading the local sparse files.
-  static Result<std::unique_ptr<BucketMirror>> Open(S3Client* s3, S3Location loc,
-                                                    std::string node, Store* store,
+  // (the bucket holds them) instead of uploading the local sparse files. `newest`: the node's
+  // newest publication when the caller has just read it (what Restore returned), else read
+  // from the bucket.
+  static Result<std::unique_ptr<BucketMirror>> Open(S3Client* s3, S3Location loc, std::string node,
+                                                    Store* store,
                                                     const RemotePacks* remote = nullptr,
+                                                    std::optional<Publication> newest = {},
                                                     uint64_t segment_bytes = kDefaultSegmentBytes);
 
   Status Publish();
@@ -114,11 +134,6 @@ class BucketMirror {
   static Result<BucketGcReport> CollectGarbage(S3Client& s3, const S3Location& loc,
                                                const BucketGcOptions& options);
   MirrorStats stats() const;
-  // What a manifest names: its catalog image and, per pack file, its segments.
-  struct Publication {
-    std::string image_sha256;
-    std::map<std::string, std::vector<PackSegment>> packs;
-  };
   static Result<Publication> ReadPublication(S3Client& s3, const S3Location& loc,
                                              const std::string& node, uint64_t seq);
   // An object named by its SHA-256 (objects/<sha256>), checked against its name.

@@ -1,8 +1,10 @@
 #include "engine/objstore/remote_packs.h"
 
+#include <fcntl.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -33,14 +35,19 @@ void Scatter(Bytes src, uint64_t at, MutableBytes header, MutableBytes payload) 
 }  // namespace
 
 Status RemotePacks::Record(const fs::path& cache_dir,
-                           const std::map<std::string, std::vector<PackSegment>>& packs) {
+                           const std::map<std::string, std::vector<PackSegment>>& packs,
+                           bool sync) {
   nlohmann::json doc = {{"format", kRemotePacksFormat}, {"packs", nlohmann::json::object()}};
   for (const auto& [file, segments] : packs) {
     nlohmann::json segs = nlohmann::json::array();
     for (const PackSegment& s : segments) segs.push_back({s.offset, s.length, s.sha256});
     doc["packs"][file] = std::move(segs);
   }
-  return WriteFileAtomic(cache_dir / kFileName, doc.dump());
+  if (sync) return WriteFileAtomic(cache_dir / kFileName, doc.dump());
+  const std::string text = doc.dump();
+  CKPTFS_ASSIGN_OR_RETURN(
+      FileDescriptor fd, OpenFile(cache_dir / kFileName, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC));
+  return PWriteFull(fd.get(), 0, AsBytes(text), cache_dir / kFileName);
 }
 
 Result<std::shared_ptr<RemotePacks>> RemotePacks::Open(S3Client* s3, S3Location loc,
@@ -151,24 +158,22 @@ bool RemotePacks::Holds(uint32_t pack_id, uint64_t offset, uint64_t length) cons
   return offset + length <= last.offset + last.length;
 }
 
-Status RemotePacks::Fetch(const PackSegment& seg, uint64_t offset, MutableBytes out) const {
+Result<Buffer> RemotePacks::Fetch(const PackSegment& seg, uint64_t offset, uint64_t length) const {
   CKPTFS_ASSIGN_OR_RETURN(Buffer got, s3_->GetRange(loc_.bucket, loc_.Key("objects/" + seg.sha256),
-                                                    offset - seg.offset, out.size()));
+                                                    offset - seg.offset, length));
   gets_.fetch_add(1, std::memory_order_relaxed);
   fetched_bytes_.fetch_add(got.size(), std::memory_order_relaxed);
-  if (got.size() != out.size()) {
+  if (got.size() != length) {
     return Status::Corruption("segment " + seg.sha256 + " in the bucket is shorter than " +
                               "its manifest says");
   }
-  std::memcpy(out.data(), got.data(), out.size());
-  return Status::OK();
+  return got;
 }
 
 RemotePacks::Fetched RemotePacks::FetchRun(const PackSegment& seg, uint64_t begin,
                                            uint64_t end) const {
-  auto buf = std::make_shared<Buffer>(static_cast<size_t>(end - begin));
-  CKPTFS_RETURN_IF_ERROR(Fetch(seg, begin, buf->mutable_bytes()));
-  return std::shared_ptr<const Buffer>(std::move(buf));
+  CKPTFS_ASSIGN_OR_RETURN(Buffer got, Fetch(seg, begin, end - begin));
+  return std::shared_ptr<const Buffer>(std::make_shared<Buffer>(std::move(got)));
 }
 
 Status RemotePacks::Read(uint32_t pack_id, uint64_t offset, MutableBytes header,
@@ -191,6 +196,16 @@ Status RemotePacks::Read(uint32_t pack_id, uint64_t offset, MutableBytes header,
           run_order = it->second.order;
         }
       }
+    }
+    if (run_data.valid() &&
+        run_data.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+      // Still queued: this reader fetches it now rather than wait for a fetch thread.
+      std::optional<Job> job;
+      {
+        MutexLock lock(mu_);
+        job = TakeQueued(pack_id, run_begin);
+      }
+      if (job) job->done->set_value(FetchRun(job->seg, job->begin, job->end));
     }
     if (run_data.valid()) {
       const Fetched& run = run_data.get();
@@ -224,8 +239,7 @@ Status RemotePacks::Read(uint32_t pack_id, uint64_t offset, MutableBytes header,
     }
     uint64_t stop = std::min(end, seg->offset + seg->length);
     if (next_run > pos) stop = std::min(stop, next_run);
-    Buffer piece(static_cast<size_t>(stop - pos));
-    CKPTFS_RETURN_IF_ERROR(Fetch(*seg, pos, piece.mutable_bytes()));
+    CKPTFS_ASSIGN_OR_RETURN(Buffer piece, Fetch(*seg, pos, stop - pos));
     Scatter(piece.bytes(), pos - offset, header, payload);
     pos = stop;
   }
@@ -286,6 +300,7 @@ void RemotePacks::WillNeed(std::vector<RecordRange> records) const {
     }
     plan.push_back({*seg, r.pack_id, r.offset, r.offset + r.length, r.length});
   }
+  const size_t wanted = plan.size();  // the window's runs; the read-ahead's follow
   // Read-ahead: a checkpoint's records lie in its pack in the order they are read, so the
   // pack bytes after the window are fetched too (up to read_ahead_bytes past it, in runs,
   // skipping what runs hold already).
@@ -310,25 +325,45 @@ void RemotePacks::WillNeed(std::vector<RecordRange> records) const {
     }
   }
   size_t queued = 0;
-  for (const Planned& p : plan) {
-    if (!MakeRoom(p.end - p.begin)) break;  // the rest is read when it is needed
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const Planned& p = plan[i];
+    // The window's runs may evict the oldest fetched runs; read-ahead never does (it would
+    // evict bytes the reader needs sooner than its own): the rest is read when it is needed.
+    if (i < wanted ? !MakeRoom(p.end - p.begin)
+                   : held_ + (p.end - p.begin) > options_.prefetch_bytes) {
+      break;
+    }
     auto done = std::make_shared<std::promise<Fetched>>();
     runs_[{p.pack, p.begin}] = Run{p.end, done->get_future().share(), p.bytes, ++next_order_};
     held_ += p.end - p.begin;
-    queue_.push_back({p.seg, p.begin, p.end, std::move(done)});
+    (i < wanted ? wanted_ : ahead_).push_back({p.seg, p.pack, p.begin, p.end, std::move(done)});
     ++queued;
   }
   lock.Unlock();
   for (size_t i = 0; i < queued; ++i) queue_cv_.NotifyOne();
 }
 
+std::optional<RemotePacks::Job> RemotePacks::TakeQueued(uint32_t pack_id, uint64_t begin) const {
+  for (std::deque<Job>* queue : {&wanted_, &ahead_}) {
+    for (auto it = queue->begin(); it != queue->end(); ++it) {
+      if (it->pack == pack_id && it->begin == begin) {
+        Job job = std::move(*it);
+        queue->erase(it);
+        return job;
+      }
+    }
+  }
+  return std::nullopt;
+}
+
 void RemotePacks::FetchLoop() const {
   MutexLock lock(mu_);
   for (;;) {
-    while (queue_.empty() && !stopping_) queue_cv_.Wait(lock);
-    if (queue_.empty()) return;
-    Job job = std::move(queue_.front());
-    queue_.pop_front();
+    while (wanted_.empty() && ahead_.empty() && !stopping_) queue_cv_.Wait(lock);
+    std::deque<Job>& queue = wanted_.empty() ? ahead_ : wanted_;
+    if (queue.empty()) return;
+    Job job = std::move(queue.front());
+    queue.pop_front();
     if (stopping_) {
       job.done->set_value(Status::Busy("the store is closing"));
       continue;

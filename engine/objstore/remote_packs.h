@@ -17,9 +17,11 @@
 //   the chunk reader against the record's own checksums (remote_records.h).
 // - WillNeed() coalesces adjacent records of one segment into runs of up to run_bytes, adds
 //   runs for the read_ahead_bytes of the pack after them, and fetches them on fetch_threads
-//   threads, several in flight. Runs are dropped once all their bytes were read; the bytes
-//   held by runs are at most prefetch_bytes (the oldest fetched runs are evicted first; what
-//   still does not fit is not prefetched). A record may be read from several runs.
+//   threads, several in flight: the window's runs before any read-ahead not started yet, and
+//   a Read() that needs a run no thread has started fetches it itself. Runs are dropped once
+//   all their bytes were read; the bytes held by runs are at most prefetch_bytes (a window's
+//   runs evict the oldest fetched runs first; read-ahead evicts nothing, and what does not fit
+//   is not prefetched). A record may be read from several runs.
 // Thread-safe.
 #pragma once
 
@@ -65,9 +67,11 @@ class RemotePacks final : public RemoteRecords {
   // The file Restore leaves in a cache it filled on demand.
   static constexpr const char* kFileName = "remote-packs.json";
   // Writes `packs` (pack file name -> segments, contiguous from 0) into cache_dir/kFileName,
-  // synced. REQUIRES: called before the cache's ckptfs.json is written.
+  // atomically; synced unless `sync` is false (a restore, which syncs it later).
+  // REQUIRES: called before the cache's ckptfs.json is written.
   static Status Record(const std::filesystem::path& cache_dir,
-                       const std::map<std::string, std::vector<PackSegment>>& packs);
+                       const std::map<std::string, std::vector<PackSegment>>& packs,
+                       bool sync = true);
   // The remote packs of the cache at cache_dir (none when it has no kFileName: a cache that
   // holds every record). REQUIRES: s3 outlives the result.
   static Result<std::shared_ptr<RemotePacks>> Open(S3Client* s3, S3Location loc,
@@ -106,8 +110,8 @@ class RemotePacks final : public RemoteRecords {
               std::map<uint32_t, std::vector<PackSegment>> packs, RemotePacksOptions options);
   // The segment of `pack_id` that holds `offset`, or nullopt.
   std::optional<PackSegment> SegmentAt(uint32_t pack_id, uint64_t offset) const;
-  // Bytes [offset, offset + out.size()) of the segment, one ranged GET.
-  Status Fetch(const PackSegment& seg, uint64_t offset, MutableBytes out) const;
+  // Bytes [offset, offset + length) of the pack, which lie in `seg`: one ranged GET.
+  Result<Buffer> Fetch(const PackSegment& seg, uint64_t offset, uint64_t length) const;
   Fetched FetchRun(const PackSegment& seg, uint64_t begin, uint64_t end) const;
   // True when a run holds a byte of [offset, end) of the pack. REQUIRES: mu_ held.
   bool Covered(uint32_t pack_id, uint64_t offset, uint64_t end) const REQUIRES(mu_);
@@ -129,10 +133,17 @@ class RemotePacks final : public RemoteRecords {
   mutable uint64_t next_order_ GUARDED_BY(mu_) = 0;
   struct Job {
     PackSegment seg;
-    uint64_t begin, end;  // within the pack
+    uint32_t pack = 0;
+    uint64_t begin = 0, end = 0;  // within the pack
     std::shared_ptr<std::promise<Fetched>> done;
   };
-  mutable std::deque<Job> queue_ GUARDED_BY(mu_);
+  // Takes the queued job of the run at (pack, begin), if no thread has started it. REQUIRES:
+  // mu_ held.
+  std::optional<Job> TakeQueued(uint32_t pack_id, uint64_t begin) const REQUIRES(mu_);
+  // Runs not started yet: those of prefetch windows (records asked for) go before the
+  // read-ahead past them, so a reader never waits behind bytes it will need later.
+  mutable std::deque<Job> wanted_ GUARDED_BY(mu_);
+  mutable std::deque<Job> ahead_ GUARDED_BY(mu_);
   mutable bool stopping_ GUARDED_BY(mu_) = false;
   mutable CondVar queue_cv_;
   std::vector<std::thread> threads_;

@@ -155,6 +155,35 @@ class S3StoreTest(unittest.TestCase):
         self.assertTrue(all(torch.equal(loaded[k], v) for k, v in step3.items()))
         self.assertEqual(mounted.ckptfs("verify", c.mnt).returncode, 0)
 
+    def test_a_restore_that_a_crash_cut_short_is_done_again(self):
+        # A restore syncs nothing on the mount's path but a marker; the files are synced behind
+        # the mount, then the marker goes. A cache a crash left with the marker (here: its
+        # catalog lost, as a power cut may leave unsynced files) is restored again.
+        loc = "s3://ckpts/unsettled"
+        mounted.ckptfs("init", loc)
+        a = S3Mount(loc, "n0", "a")
+        self.addCleanup(a.close)
+        a.mount()
+        os.mkdir(a.path("step1"))
+        save_fsynced(model(3), a.path("step1", "model.pt"))
+        expected = mounted.read_file(a.path("step1", "model.pt"))
+        a.umount()
+        b = S3Mount(loc, "n0", "b")
+        self.addCleanup(b.close)
+        b.mount()
+        self.assertEqual(mounted.read_file(b.path("step1", "model.pt")), expected)
+        b.umount()
+        marker = os.path.join(b.store, "restore-unsettled")
+        self.assertFalse(os.path.exists(marker), "the restore was not settled by the unmount")
+        with open(os.path.join(b.store, "catalog", "data.mdb"), "wb"):
+            pass                                                  # what a crash may leave
+        open(marker, "wb").close()
+        b.mount()
+        self.assertEqual(os.listdir(b.mnt), ["step1"])
+        self.assertEqual(mounted.read_file(b.path("step1", "model.pt")), expected)
+        b.umount()
+        self.assertFalse(os.path.exists(marker))
+
     def test_ranks_of_a_version_from_two_nodes_appear_whole_on_a_third(self):
         loc = "s3://ckpts/ranks"
         mounted.ckptfs("init", loc)
