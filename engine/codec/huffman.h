@@ -51,7 +51,9 @@ size_t HuffmanEncodeTo(Bytes in, std::byte* dst, size_t capacity);
 // histogram and the code only. For choosing between encodings cheaply.
 size_t HuffmanEncodedSize(Bytes in);
 
-// Decodes `stored` into `out`, which must hold exactly the encoded input's length.
-Status HuffmanDecode(Bytes stored, MutableBytes out);
+// Decodes `stored` into `out`, which must hold exactly the encoded input's length. `prefetch`:
+// bytes the caller reads next (a delta's base), asked for from memory a cache line at a time
+// while decoding, which leaves the memory idle otherwise; no effect on the result.
+Status HuffmanDecode(Bytes stored, MutableBytes out, Bytes prefetch = {});
 
 }  // namespace ckptfs
