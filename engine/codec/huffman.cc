@@ -406,12 +406,29 @@ inline void DecodeFast(const Entry* t, const uint8_t* data, size_t data_size, si
 
 }  // namespace
 
+namespace {
+// c * log2(c) for the counts of sampled histograms (c < kCountLogs), computed once, as
+// HistogramEntropyBits computes it for larger counts: the same doubles, so the same sums. The
+// log2 calls were ~3% of encoding fp32 first versions (a few hundred per sampled plane).
+constexpr uint32_t kCountLogs = 4096;
+const double* CountLogs() {
+  static const std::vector<double> table = [] {
+    std::vector<double> t(kCountLogs, 0.0);
+    for (uint32_t c = 1; c < kCountLogs; ++c) t[c] = c * std::log2(static_cast<double>(c));
+    return t;
+  }();
+  return table.data();
+}
+}  // namespace
+
 double HistogramEntropyBits(const uint32_t counts[256]) {
+  const double* count_logs = CountLogs();
   double sum = 0;
   uint64_t m = 0;
   for (int s = 0; s < 256; ++s) {
-    if (counts[s] > 0) sum += counts[s] * std::log2(static_cast<double>(counts[s]));
-    m += counts[s];
+    const uint32_t c = counts[s];
+    if (c > 0) sum += c < kCountLogs ? count_logs[c] : c * std::log2(static_cast<double>(c));
+    m += c;
   }
   if (m == 0) return 0;
   return std::log2(static_cast<double>(m)) - sum / static_cast<double>(m);

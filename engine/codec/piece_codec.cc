@@ -599,7 +599,7 @@ size_t FitModel(const uint8_t* top, size_t n, size_t p, size_t phase, Buffer* te
 // plane replaced by its residual and the model returned (its terms in per-thread storage);
 // otherwise no model.
 constexpr size_t kModelTrial = 16 << 10;
-TopModel FitTopModel(uint8_t* top, size_t n) {
+inline TopModel FitTopModelBody(uint8_t* top, size_t n) {
   if (n < 4 * kModelWindow) return {};
   const size_t max_lag = std::min(kModelMaxPeriod, n - kModelWindow - 2);
   const size_t at = (n - kModelWindow - max_lag - 1) / 2;
@@ -647,6 +647,26 @@ TopModel FitTopModel(uint8_t* top, size_t n) {
   return {.period = static_cast<uint32_t>(period),
           .phase = static_cast<uint32_t>(phase),
           .terms = terms.bytes()};
+}
+
+// FitTopModelBody compiled for AVX-512 and AVX2 too (vector_level.h): the column sums, row sums
+// and residuals are byte loops the compiler vectorises; integers only, so the same model at
+// every level.
+#if defined(__x86_64__)
+CKPTFS_TARGET_AVX512 TopModel FitTopModelAvx512(uint8_t* top, size_t n) {
+  return FitTopModelBody(top, n);
+}
+CKPTFS_TARGET_AVX2 TopModel FitTopModelAvx2(uint8_t* top, size_t n) {
+  return FitTopModelBody(top, n);
+}
+#endif
+TopModel FitTopModel(uint8_t* top, size_t n) {
+#if defined(__x86_64__)
+  const CodecVectorLevel level = CodecVectorLevelInUse();
+  if (level == CodecVectorLevel::kAvx512) return FitTopModelAvx512(top, n);
+  if (level == CodecVectorLevel::kAvx2) return FitTopModelAvx2(top, n);
+#endif
+  return FitTopModelBody(top, n);
 }
 
 // Adds the model's terms back to the residual top plane (n bytes).
