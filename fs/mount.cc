@@ -404,6 +404,7 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
   metrics.reset();
   control->reset();  // abandons versions not yet complete
   fs->reset();       // commits everything close() accepted
+  mirror.reset();    // its last publication was the filesystem's; it uploads ahead no more
   store->reset();
   if (remote_packs) {
     spdlog::info("read on demand from {}: {} ranged GETs, {} bytes", args.s3_location,

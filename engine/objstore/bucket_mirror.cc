@@ -34,6 +34,8 @@ constexpr int kManifestFormat = 1;
 constexpr const char* kImageDir = "publish-image";
 // Segments moved at the same time (each holds one segment in memory).
 constexpr size_t kTransfers = 4;
+// How often the active pack is checked for whole segments to upload ahead of a publication.
+constexpr auto kAheadInterval = std::chrono::milliseconds(50);
 // Catalog images a publication takes at most while records it uploads keep being punched.
 constexpr int kMaxImageRounds = 8;
 
@@ -320,6 +322,21 @@ Result<std::unique_ptr<BucketMirror>> BucketMirror::Open(S3Client* s3, S3Locatio
   if (!newest) {
     CKPTFS_ASSIGN_OR_RETURN(newest, NewestPublication(*s3, m->loc_, m->node_));
   }
+  m->ahead_thread_ = std::thread([p = m.get()] {
+    for (;;) {
+      {
+        MutexLock lock(p->mu_);
+        if (!p->stopping_) p->stop_cv_.WaitFor(lock, kAheadInterval);
+        if (p->stopping_) return;
+      }
+      // Again at once while it finds whole segments (the pack fills while one uploads).
+      MutexLock run(p->run_mu_);
+      while (p->UploadAhead()) {
+        MutexLock lock(p->mu_);
+        if (p->stopping_) return;
+      }
+    }
+  });
   if (newest->seq == 0) return m;
   m->seq_ = newest->seq;
   m->last_image_ = newest->image_sha256;
@@ -332,6 +349,15 @@ Result<std::unique_ptr<BucketMirror>> BucketMirror::Open(S3Client* s3, S3Locatio
     if (!ec && local >= have) m->packs_[file] = std::move(segs);
   }
   return m;
+}
+
+BucketMirror::~BucketMirror() {
+  {
+    MutexLock lock(mu_);
+    stopping_ = true;
+  }
+  stop_cv_.NotifyAll();
+  if (ahead_thread_.joinable()) ahead_thread_.join();
 }
 
 MirrorStats BucketMirror::stats() const {
@@ -446,8 +472,21 @@ Status BucketMirror::UploadPacks(const std::map<std::string, uint64_t>& lengths,
         uploaded_since_ = true;
       }
     }
-    const std::vector<Segment>& segs = packs_[file];
+    std::vector<Segment>& segs = packs_[file];
     uint64_t have = segs.empty() ? 0 : segs.back().offset + segs.back().length;
+    // Segments uploaded ahead that this length covers whole are named as they are.
+    std::vector<Segment>& ahead = ahead_[file];
+    size_t taken = 0;
+    for (; taken < ahead.size() && ahead[taken].offset == have &&
+           ahead[taken].offset + ahead[taken].length <= length;
+         ++taken) {
+      segs.push_back(ahead[taken]);
+      have += ahead[taken].length;
+      uploaded_since_ = true;
+    }
+    ahead.erase(ahead.begin(), ahead.begin() + static_cast<std::ptrdiff_t>(taken));
+    // One that reaches past it is superseded by the segment uploaded below (and left to gc).
+    if (have < length) ahead.clear();
     for (uint64_t off = have; off < length; off += segment_bytes_) {
       tasks.push_back({file, off, std::min(segment_bytes_, length - off)});
     }
@@ -477,6 +516,82 @@ Status BucketMirror::UploadPacks(const std::map<std::string, uint64_t>& lengths,
   if (!tasks.empty()) uploaded_since_ = true;
   if (uploaded) *uploaded = std::move(tasks);
   return Status::OK();
+}
+
+bool BucketMirror::UploadAhead() {
+  // The active pack: the one with the highest id (the store appends to one pack at a time).
+  std::error_code ec;
+  uint32_t active = 0;
+  bool any = false;
+  for (const auto& entry : fs::directory_iterator(store_->dir() / "packs", ec)) {
+    uint32_t id = 0;
+    if (ParsePackFileName(entry.path().filename().string(), &id) && (!any || id > active)) {
+      active = id;
+      any = true;
+    }
+  }
+  if (ec || !any || (remote_ && !remote_->Segments(active).empty())) return false;
+  const std::string file = PackFileName(active);
+  const std::vector<Segment>& segs = packs_[file];
+  std::vector<Segment>& ahead = ahead_[file];
+  uint64_t end = !ahead.empty() ? ahead.back().offset + ahead.back().length
+                 : segs.empty() ? 0
+                                : segs.back().offset + segs.back().length;
+  const uint64_t size = fs::file_size(store_->dir() / "packs" / file, ec);
+  if (ec || size < end + segment_bytes_) return false;
+  // Committed bytes are whole records; past them, each record is checked.
+  uint64_t& written = written_[file];
+  {
+    Result<std::map<std::string, uint64_t>> committed = CommittedLengths(store_->catalog());
+    if (committed.ok()) written = std::max(written, (*committed)[file]);
+  }
+  written = std::max<uint64_t>(written, kPackHeaderBytes);
+  written = WrittenEnd(file, written);
+  std::vector<Range> tasks;
+  for (uint64_t off = end; off + segment_bytes_ <= written; off += segment_bytes_) {
+    tasks.push_back({file, off, segment_bytes_});
+  }
+  if (tasks.empty()) return false;
+  std::vector<std::optional<Segment>> done(tasks.size());
+  Status st = RunParallel(tasks.size(), [&](size_t i) -> Status {
+    CKPTFS_ASSIGN_OR_RETURN(done[i], UploadSegment(file, tasks[i].offset, tasks[i].length));
+    return Status::OK();
+  });
+  if (!st.ok()) {
+    spdlog::warn("uploading ahead to {}: {} (the next publication uploads it)", loc_.ToString(),
+                 st.ToString());
+  }
+  for (std::optional<Segment>& seg : done) {  // the uploaded prefix only: contiguous
+    if (!seg) return false;
+    ahead.push_back(std::move(*seg));
+  }
+  return st.ok();
+}
+
+uint64_t BucketMirror::WrittenEnd(const std::string& file, uint64_t from) const {
+  const fs::path path = store_->dir() / "packs" / file;
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return from;
+  uint64_t pos = from;
+  Buffer payload;
+  for (;;) {
+    std::byte header_bytes[kRecordHeaderBytes];
+    if (::pread(fd, header_bytes, kRecordHeaderBytes, static_cast<off_t>(pos)) !=
+        static_cast<ssize_t>(kRecordHeaderBytes)) {
+      break;
+    }
+    Result<RecordHeader> header = RecordHeader::Decode(Bytes(header_bytes, kRecordHeaderBytes));
+    if (!header.ok()) break;  // not written yet (or punched): stop here
+    payload.Resize(header->stored_len);
+    if (::pread(fd, payload.data(), payload.size(), static_cast<off_t>(pos + kRecordHeaderBytes)) !=
+            static_cast<ssize_t>(payload.size()) ||
+        Checksum64(payload.bytes()) != header->payload_checksum) {
+      break;
+    }
+    pos += kRecordHeaderBytes + header->stored_len;
+  }
+  ::close(fd);
+  return pos;
 }
 
 Result<bool> BucketMirror::AnyHole(const std::vector<Range>& ranges) const {

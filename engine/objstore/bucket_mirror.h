@@ -27,6 +27,12 @@
 // - Objects are never modified; a publication uploads only pack bytes past what earlier ones
 //   uploaded (plus the catalog image, compacted). Concurrent callers share a publication that
 //   starts after they called (group commit).
+// - Uploads ahead: while files are being written, a thread uploads every whole segment of the
+//   active pack that holds only records written whole (checked by their headers and
+//   checksums), so that a Publish() has little left to send. A manifest names such a segment
+//   only once the catalog image it names has committed every byte of it; one the image does
+//   not cover is left to later publications, or unnamed (gc collects it) if a publication
+//   uploads a shorter segment over its range.
 // - Memory: one segment (segment_bytes) per transfer, four transfers at a time.
 // Thread-safe.
 #pragma once
@@ -38,11 +44,12 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "engine/objstore/remote_packs.h"
 #include "engine/objstore/s3_client.h"
 #include "engine/objstore/s3_config.h"
-#include "engine/objstore/remote_packs.h"
 #include "engine/util/mutex.h"
 #include "engine/util/status.h"
 
@@ -78,7 +85,7 @@ struct BucketGcReport {
 
 class BucketMirror {
  public:
-  static constexpr uint64_t kDefaultSegmentBytes = uint64_t{16} << 20;
+  static constexpr uint64_t kDefaultSegmentBytes = uint64_t{8} << 20;
   // What a manifest names: its number, its catalog image and, per pack file, its segments.
   struct Publication {
     uint64_t seq = 0;
@@ -117,6 +124,10 @@ class BucketMirror {
                                                     const RemotePacks* remote = nullptr,
                                                     std::optional<Publication> newest = {},
                                                     uint64_t segment_bytes = kDefaultSegmentBytes);
+
+  ~BucketMirror();
+  BucketMirror(const BucketMirror&) = delete;
+  BucketMirror& operator=(const BucketMirror&) = delete;
 
   Status Publish();
   // The newest manifest this mirror wrote or found (0: none). After Publish() returned OK, it
@@ -158,6 +169,11 @@ class BucketMirror {
   // True when a hole (a punched block) lies in one of `ranges` of the local packs, or one of
   // their packs is gone (deleted by the store's gc).
   Result<bool> AnyHole(const std::vector<Range>& ranges) const;
+  // One pass of the upload ahead (above): the active pack's whole segments of records written
+  // whole, past what is uploaded. True when it uploaded some (there may be more).
+  bool UploadAhead() REQUIRES(run_mu_);
+  // The end of the records written whole in `file` from `from` (a record boundary) on.
+  uint64_t WrittenEnd(const std::string& file, uint64_t from) const;
   // Uploads one segment (unless the bucket holds it); nullopt when the pack file is gone.
   // Touches no member but the stats.
   Result<std::optional<Segment>> UploadSegment(const std::string& file, uint64_t offset,
@@ -181,6 +197,12 @@ class BucketMirror {
   std::string last_image_ GUARDED_BY(run_mu_);  // its catalog image (SHA-256)
   bool uploaded_since_ GUARDED_BY(run_mu_) = false;  // segments uploaded since it was written
   std::map<std::string, std::vector<Segment>> packs_ GUARDED_BY(run_mu_);
+  // Segments uploaded ahead, contiguous from the end of packs_[file] on, not named yet.
+  std::map<std::string, std::vector<Segment>> ahead_ GUARDED_BY(run_mu_);
+  std::map<std::string, uint64_t> written_ GUARDED_BY(run_mu_);  // a record boundary, checked
+  bool stopping_ GUARDED_BY(mu_) = false;
+  CondVar stop_cv_;
+  std::thread ahead_thread_;  // runs UploadAhead() every kAheadInterval until stopping_
 };
 
 }  // namespace ckptfs::objstore
