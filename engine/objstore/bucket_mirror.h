@@ -5,7 +5,7 @@
 //
 //   PREFIX/ckptfs.json                    the store's parameters (InitBucket)
 //   PREFIX/objects/<sha256>               immutable blobs named by their SHA-256: pack segments
-//                                         (<= segment_bytes of a pack file, 16 MiB by default)
+//                                         (<= segment_bytes of a pack file, 8 MiB by default)
 //                                         and catalog images
 //   PREFIX/nodes/<node>/manifests/<seq>   one publication: the catalog image and, per pack
 //                                         file, the segments that make it up

@@ -8,8 +8,11 @@ time until the last fsync returned. Restore: K new mounts with empty caches read
 back (a mount restores the node's catalog image and serves at once; records are read from the
 bucket on demand); restore throughput = K * shard bytes / time from the mounts' start to the
 last byte read. "mount s" is the median of the slowest mount's start-up, a fixed cost that a
-larger shard amortizes. The peers: K concurrent boto3 PUTs of the same shard bytes, then K
-concurrent GETs of them, against the same radosgw. Medians of --runs.
+larger shard amortizes. "local" is the ceiling of a restore on this machine: the same K
+mounts and reads, timed the same way, from the caches that saved the shards (every record on
+local disk, in the page cache: mount, decode and FUSE only), as a ratio to raw GET. The peers:
+K concurrent boto3 PUTs of the same shard bytes, then K concurrent GETs of them, against the
+same radosgw. Medians of --runs.
 
 Not a test: prints a table. Needs root (FUSE), Ceph, python3-boto3 and torch."""
 import argparse
@@ -120,7 +123,27 @@ class Bench:
         save_s = parallel([save(i) for i in range(k)])
         for mnt, base in nodes:
             self.umount(mnt)
+
+        # The floor of a restore: the same reads, timed the same way, from the caches that
+        # saved the shards (every record on local disk, in the page cache): mount, decode, FUSE.
+        local_got = [None] * k
+
+        def local(i):
+            def fn():
+                mnt = os.path.join(nodes[i][1], "mnt")
+                run([self.ckptfs, "mount", loc, mnt, "--cache-dir",
+                     os.path.join(nodes[i][1], "cache"), "--node", "r%d" % i, "--seal-after",
+                     "0"], self.env)
+                self.mounts.append(mnt)
+                with open(os.path.join(mnt, "step1", "shard.pt"), "rb") as f:
+                    local_got[i] = f.read()
+            return fn
+        local_s = parallel([local(i) for i in range(k)])
+        for i, (mnt, base) in enumerate(nodes):
+            self.umount(mnt)
             shutil.rmtree(base)
+            if local_got[i] != shards[i]:
+                raise RuntimeError("shard %d read back from its own cache differs" % i)
 
         got = [None] * k
         mount_s = [0.0] * k
@@ -142,7 +165,7 @@ class Bench:
         uploaded = sum(o["Size"] for page in self.s3.get_paginator("list_objects_v2").paginate(
             Bucket="bench", Prefix=tag + "/") for o in page.get("Contents", []))
         self.delete_prefix(tag + "/")
-        return save_s, restore_s, uploaded, max(mount_s)
+        return save_s, restore_s, uploaded, max(mount_s), local_s
 
     def raw_round(self, k, shards, tag):
         keys = ["%s/raw-%d" % (tag, i) for i in range(k)]
@@ -188,18 +211,21 @@ def main():
             for k in ks:
                 tag = "r%d-k%d" % (run_no, k)
                 put_s, get_s = bench.raw_round(k, shards, tag + "-raw")
-                save_s, restore_s, uploaded, mount_s = bench.ckptfs_round(k, shards, tag)
+                save_s, restore_s, uploaded, mount_s, local_s = bench.ckptfs_round(k, shards,
+                                                                                   tag)
                 r = results.setdefault(k, {"put": [], "get": [], "save": [], "restore": [],
-                                           "uploaded": [], "mount": []})
+                                           "uploaded": [], "mount": [], "local": []})
                 r["put"].append(put_s)
                 r["get"].append(get_s)
                 r["save"].append(save_s)
                 r["restore"].append(restore_s)
                 r["uploaded"].append(uploaded)
                 r["mount"].append(mount_s)
+                r["local"].append(local_s)
                 print("run %d, %d node(s): raw PUT %.2f s, GET %.2f s; ckptfs save %.2f s, "
-                      "restore %.2f s (mount %.2f s), %.1f MiB in the bucket"
-                      % (run_no + 1, k, put_s, get_s, save_s, restore_s, mount_s,
+                      "restore %.2f s (mount %.2f s; from the saving caches %.2f s), "
+                      "%.1f MiB in the bucket"
+                      % (run_no + 1, k, put_s, get_s, save_s, restore_s, mount_s, local_s,
                          uploaded / MiB),
                       file=sys.stderr)
     finally:
@@ -209,17 +235,19 @@ def main():
         shutil.rmtree(root, ignore_errors=True)
 
     print("shard %.1f MiB per node, medians of %d runs (MB/s aggregate)" % (size / MiB, args.runs))
-    print("%-6s %10s %10s %8s %10s %10s %8s %12s %8s" % ("nodes", "raw PUT", "save", "ratio",
-                                                         "raw GET", "restore", "ratio",
-                                                         "uploaded/raw", "mount s"))
+    print("%-6s %10s %10s %8s %10s %10s %8s %12s %8s %10s" % (
+        "nodes", "raw PUT", "save", "ratio", "raw GET", "restore", "ratio", "uploaded/raw",
+        "mount s", "local"))
     for k in ks:
         r = results[k]
         mb = k * size / 1e6
         put, save = mb / statistics.median(r["put"]), mb / statistics.median(r["save"])
         get, restore = mb / statistics.median(r["get"]), mb / statistics.median(r["restore"])
-        print("%-6d %10.1f %10.1f %7.2fx %10.1f %10.1f %7.2fx %12.2f %8.2f"
+        local = mb / statistics.median(r["local"])
+        print("%-6d %10.1f %10.1f %7.2fx %10.1f %10.1f %7.2fx %12.2f %8.2f %9.2fx"
               % (k, put, save, save / put, get, restore, restore / get,
-                 statistics.median(r["uploaded"]) / (k * size), statistics.median(r["mount"])))
+                 statistics.median(r["uploaded"]) / (k * size), statistics.median(r["mount"]),
+                 local / get))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"shard_bytes": size, "runs": results}, f, indent=1)
