@@ -87,6 +87,8 @@ Buffer EncodeScaledSub(const CodecSpec& spec, Bytes raw, const Buffer& base, flo
 Buffer EncodeRotatedPlanes(const CodecSpec& spec, Bytes raw, uint8_t width);
 
 // Decodes `stored` into `out` (exactly the raw length). Deltas need `base` of that length.
+// REQUIRES: `out` overlaps neither `stored` nor `base` (planes stored raw are read from `stored`
+// while `out` is written).
 Status DecodePiece(const PieceEncoding& encoding, Bytes stored, Bytes base, MutableBytes out);
 
 }  // namespace ckptfs
