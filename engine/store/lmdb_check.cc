@@ -75,11 +75,13 @@ Status Damaged(const std::filesystem::path& path, const std::string& what) {
 
 class Checker {
  public:
-  Checker(int fd, std::filesystem::path path, size_t page_size, uint64_t last_page)
+  Checker(int fd, std::filesystem::path path, size_t page_size, uint64_t last_page,
+          uint64_t file_pages)
       : fd_(fd),
         path_(std::move(path)),
         page_size_(page_size),
         last_page_(last_page),
+        file_pages_(file_pages),
         reached_(last_page + 1, false) {}
 
   // Walks one table's tree; `on_leaf` hears each leaf node's key, flags and data (inline, or
@@ -130,6 +132,10 @@ class Checker {
   };
 
   Status ReadPage(uint64_t pgno, std::vector<std::byte>* page) {
+    if (pgno >= file_pages_) {  // a tree's page was written: it lies inside the file
+      return Bad("page " + std::to_string(pgno) + " is past the file's end (" +
+                 std::to_string(file_pages_) + " pages)");
+    }
     page->resize(page_size_);
     return PReadFull(fd_, pgno * page_size_, *page, path_);
   }
@@ -226,7 +232,7 @@ class Checker {
       CKPTFS_RETURN_IF_ERROR(ReadPage(first, &head));
       const uint32_t pages = U32(head.data() + 12);
       if (U64(head.data()) != first || (U16(head.data() + 10) & kPageKinds) != kOverflow ||
-          pages == 0 || first + pages - 1 > last_page_ ||
+          pages == 0 || first + pages - 1 > last_page_ || first + pages > file_pages_ ||
           dsize > uint64_t{pages} * page_size_ - kPageHeader) {
         return Bad(owhere + ": not an overflow run holding " + std::to_string(dsize) + " bytes");
       }
@@ -243,7 +249,8 @@ class Checker {
   std::filesystem::path path_;
   size_t page_size_;
   uint64_t last_page_;
-  std::vector<bool> reached_;  // one bit per page of the file
+  uint64_t file_pages_;  // pages the file holds
+  std::vector<bool> reached_;  // one bit per page up to the last
 };
 
 }  // namespace
@@ -277,17 +284,21 @@ Status CheckLmdbFile(const std::filesystem::path& data_file) {
   }
   const int newest = U64(meta[0].data() + kMetaTxnId) < U64(meta[1].data() + kMetaTxnId) ? 1 : 0;
   const std::byte* m = meta[newest].data();
+  // The newest transaction's last page. It may lie past the file's end: LMDB does not write
+  // the pages a transaction allocated and freed again ("loose" pages, which go to the free
+  // list), and the file only grows by the pages written. It never lies past the map.
   const uint64_t last_page = U64(m + kMetaLastPage);
-  if (last_page < 1 || last_page >= size / page_size) {
-    return bad("last page " + std::to_string(last_page) + " of a " + std::to_string(size) +
-               "-byte file");
+  const uint64_t map_size = U64(m + kPageHeader + 16);
+  if (last_page < 1 || (map_size != 0 && last_page >= map_size / page_size)) {
+    return bad("last page " + std::to_string(last_page) + " of a " + std::to_string(map_size) +
+               "-byte map");
   }
   const Db free_db = ParseDb(m + kMetaDbs), main_db = ParseDb(m + kMetaDbs + kDbRecord);
   if (free_db.flags != kIntegerKey || main_db.flags != 0) {
     return bad("meta page " + std::to_string(newest) + " table flags");
   }
 
-  Checker checker(fd.get(), data_file, page_size, last_page);
+  Checker checker(fd.get(), data_file, page_size, last_page, size / page_size);
   CKPTFS_RETURN_IF_ERROR(checker.Reach(0, "meta"));
   CKPTFS_RETURN_IF_ERROR(checker.Reach(1, "meta"));
   // The main tree: one node per named table, each its table's record.
