@@ -271,8 +271,9 @@ int main(int argc, char** argv) {
   mount->add_option("--world-size", margs.world_size,
                     "with s3://: the ranks of a version; a version shows on every mount once all "
                     "have published their part (0: this node reads versions, writes no parts)");
-  mount->add_option("--remote-poll", remote_poll,
-                    "with s3://: seconds between looks at the bucket for versions of other nodes")
+  mount
+      ->add_option("--remote-poll", remote_poll,
+                   "with s3://: seconds between looks at the bucket for versions of other nodes")
       ->capture_default_str();
   mount->add_flag("-f,--foreground", margs.foreground, "stay in the foreground, log to stderr");
   mount->add_option("--cache-size", cache_size, "decoded-chunk cache, e.g. 128M, 4G, 1T")
@@ -291,6 +292,11 @@ int main(int argc, char** argv) {
   mount->add_flag("--forward-deltas", forward_deltas,
                   "no background re-encoding into reverse deltas: the newest version then reads "
                   "through delta chains (for comparison; docs/engine.md)");
+  bool compress_at_write = false;
+  mount->add_flag("--compress-at-write", compress_at_write,
+                  "compress new pieces as they are written, instead of writing them raw for the "
+                  "background re-encoder to compress (the default: saves then pay no encoding; "
+                  "docs/fs.md)");
   mount
       ->add_option("--seal-after", seal_after,
                    "seal a version this many seconds after a newer one exists and its files "
@@ -318,11 +324,13 @@ int main(int argc, char** argv) {
                     "let the members of this group use the control socket too (snapshots and "
                     "ckptfs commands), e.g. a training job not run by the daemon's user");
   std::vector<std::string> mount_options;
-  mount->add_option("-o", mount_options,
-                    "comma-separated options, as in fstab: cache_size=, inflight=, codec=, "
-                    "delta_chain=, seal_after=, snapshot_timeout=, forward_deltas, keep_last=, "
-                    "keep_every=, prometheus=, control_group=, create (as the flags above, "
-                    "and applied after them), FUSE options (allow_other, ro, ...)");
+  mount->add_option(
+      "-o", mount_options,
+      "comma-separated options, as in fstab: cache_size=, inflight=, codec=, "
+      "delta_chain=, seal_after=, snapshot_timeout=, forward_deltas, compress_at_write, "
+      "keep_last=, "
+      "keep_every=, prometheus=, control_group=, create (as the flags above, "
+      "and applied after them), FUSE options (allow_other, ro, ...)");
   std::string mountpoint;
   auto* umount = app.add_subcommand("umount", "make everything durable, then unmount");
   umount->add_option("MOUNTPOINT", mountpoint, "a ckptfs mount point")->required();
@@ -430,6 +438,7 @@ int main(int argc, char** argv) {
     if (!codec.empty()) margs.codec = *spec;
     margs.seal_after = std::chrono::milliseconds(static_cast<int64_t>(seal_after * 1000));
     if (forward_deltas) margs.reverse_deltas = false;
+    if (compress_at_write) margs.compress_behind = false;
     margs.snapshot_timeout =
         std::chrono::milliseconds(static_cast<int64_t>(snapshot_timeout * 1000));
     for (const auto& list : mount_options) {
@@ -455,8 +464,9 @@ int main(int argc, char** argv) {
       margs.remote_poll = std::chrono::milliseconds(static_cast<int64_t>(remote_poll * 1000));
     } else if (!cache_dir.empty() || !margs.s3_endpoint.empty() || !margs.node.empty() ||
                margs.world_size != 0) {
-      return Fail(Status::InvalidArgument("--cache-dir, --endpoint, --node and --world-size "
-                                          "are for s3:// stores"));
+      return Fail(
+          Status::InvalidArgument("--cache-dir, --endpoint, --node and --world-size "
+                                  "are for s3:// stores"));
     }
     if (margs.foreground) spdlog::set_level(spdlog::level::info);
     return Mount(margs);

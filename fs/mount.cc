@@ -144,6 +144,7 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
   options.inflight_bytes = args.inflight_bytes;
   options.max_delta_chain = args.max_delta_chain;
   options.reverse_deltas = args.reverse_deltas;
+  options.compress_behind = args.compress_behind;
   // The reverse-delta crash test's switch (tests/fs/test_reencode_crash.py): a pause between
   // the re-encoder's synced records and its catalog transaction, for a kill to land in.
   if (const char* pause = std::getenv("CKPTFS_TEST_REENCODE_PAUSE_MS")) {
@@ -194,6 +195,9 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
     }
     remote_packs = *remote;
     options.remote_records = std::move(*remote);
+    // A sync uploads what it made durable: raw pieces compressed later would be uploaded
+    // twice, raw first. In a bucket, bytes cost more than the save's encoding time.
+    options.compress_behind = false;
   }
   std::error_code exists_ec;
   if (std::filesystem::exists(args.store + "/ckptfs.json", exists_ec) && !start_log()) return 1;

@@ -32,6 +32,8 @@ struct MountArgs {
   std::optional<CodecSpec> codec;  // unset: the store's recorded codec (StoreOptions::codec)
   uint32_t max_delta_chain = StoreOptions{}.max_delta_chain;
   bool reverse_deltas = StoreOptions{}.reverse_deltas;  // --forward-deltas, -o forward_deltas
+  // --compress-at-write, -o compress_at_write: false
+  bool compress_behind = StoreOptions{}.compress_behind;
   std::chrono::milliseconds seal_after{std::chrono::seconds(10)};
   // Rotation as versions seal (engine/namespace/retention.h): keep the newest keep_last
   // versions (0: no rotation) and every keep_every-th from the oldest, forget the rest.

@@ -96,6 +96,8 @@ Status ApplyOne(std::string_view option, MountArgs* args) {
     args->create = true;
   } else if (key == "forward_deltas" && !has_value) {
     args->reverse_deltas = false;
+  } else if (key == "compress_at_write" && !has_value) {
+    args->compress_behind = false;
   } else if (!ForMountOnly(key)) {
     args->fuse_options.emplace_back(option);
   }

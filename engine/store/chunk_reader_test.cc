@@ -38,6 +38,7 @@ class ChunkReaderTest : public ::testing::Test {
     EXPECT_TRUE(w->Append(data).ok());
     auto id = w->Finish();
     EXPECT_TRUE(id.ok()) << id.status().ToString();
+    store_->WaitReencoded();  // its records as the store keeps them (compressed behind)
     return *id;
   }
   std::vector<std::pair<ChunkRef, ChunkRow>> Chunks(ContentId content) {

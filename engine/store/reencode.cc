@@ -6,6 +6,11 @@
 // whole here. The newest version then decodes one record per piece; the version before it
 // two, and so on back to the last whole piece.
 //
+// Compression behind the writer (StoreOptions::compress_behind, the default): the writer
+// stores every whole piece raw, so that a save pays chunking and hashing but no encoding,
+// and records it ("R" rows, without a base where it had none). Here such an X is encoded
+// whole and its raw record replaced, whether or not a base B is re-encoded against it.
+//
 // Which pieces stay whole: a piece written whole without a base (a first version, a keyframe
 // where the forward chain was full, a piece gc stored whole) is an anchor, never re-encoded, so
 // the oldest version keeps reading at whole-record speed. A piece the re-encoder made whole
@@ -25,14 +30,17 @@
 // new records are an uncommitted pack tail (cut at the next open); after it, the rows are
 // consistent; the punch comes last (killed before it, gc punches the dead records later).
 #include <fcntl.h>
+#include <spdlog/spdlog.h>
 #include <sys/resource.h>
 #include <unistd.h>
-#include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
+#include <thread>
 #include <unordered_map>
 
 #include "engine/codec/piece_codec.h"
@@ -85,13 +93,40 @@ struct Candidate {
   // X was written whole (WritesWhole): only B is re-encoded, X's record stays. Otherwise X is
   // a forward delta against B, made whole here.
   bool x_whole = false;
+  // X was written raw (compress_behind): compressed here, its record replaced.
+  bool compress_x = false;
+  // false: X has no base to re-encode (a first version's piece): only its compression.
+  bool has_b = true;
 };
+
+// A whole record stored raw, which the codec may shrink.
+bool StoredRaw(const ChunkRow& row) {
+  return row.transform == Transform::kPlain && row.codec == Codec::kNone;
+}
 
 struct Swap {
   Candidate c;
   std::optional<ChunkRow> x_whole;  // X's new whole record (none where X was written whole)
   std::optional<ChunkRow> b_delta;  // none where B gains nothing from X
 };
+
+// Runs fn(k) for every k in [0, n) on up to `threads` threads, this one among them. The
+// re-encoder's helpers inherit its nice value: they take CPUs the writers and readers leave.
+void ParallelFor(size_t n, unsigned threads, const std::function<void(size_t)>& fn) {
+  std::atomic<size_t> next{0};
+  auto run = [&] {
+    for (size_t k; (k = next.fetch_add(1, std::memory_order_relaxed)) < n;) fn(k);
+  };
+  std::vector<std::thread> helpers;
+  for (size_t t = 1; t < std::min<size_t>(threads, n); ++t) {
+    helpers.emplace_back([&] {
+      SetThreadRole("reencode");
+      run();
+    });
+  }
+  run();
+  for (std::thread& h : helpers) h.join();
+}
 
 }  // namespace
 
@@ -100,10 +135,11 @@ Status Store::MarkForReverseDeltas(Catalog::WriteTxn& txn, ContentId id) {
 }
 
 Status Store::MarkReverseBase(Catalog::WriteTxn& txn, ContentId id, const ChunkId& x,
-                              const ChunkId& base) {
-  return txn.Put(Table::kContentMeta, ReverseBaseKey(id, x),
-                 std::string_view(reinterpret_cast<const char*>(base.bytes.data()),
-                                  base.bytes.size()));
+                              const std::optional<ChunkId>& base) {
+  if (!base) return txn.Put(Table::kContentMeta, ReverseBaseKey(id, x), "");
+  return txn.Put(
+      Table::kContentMeta, ReverseBaseKey(id, x),
+      std::string_view(reinterpret_cast<const char*>(base->bytes.data()), base->bytes.size()));
 }
 
 Status Store::QueuePendingReverseDeltas() {
@@ -135,8 +171,28 @@ void Store::QueueReverseDeltas(ContentId id) {
 }
 
 void Store::WaitReencoded() {
-  MutexLock lock(reencode_mu_);
-  while (!reencode_queue_.empty() || reencode_busy_) reencode_cv_.Wait(lock);
+  {
+    MutexLock lock(reencode_mu_);
+    while (!reencode_queue_.empty() || reencode_busy_) reencode_cv_.Wait(lock);
+  }
+  // The last version's replaced records waited for the pins of the writer after it, which
+  // are gone once it committed: settled means punched too.
+  PunchUnpinnedReplaced();
+}
+
+void Store::PunchUnpinnedReplaced() {
+  std::vector<PackLocation> dead;
+  std::unique_lock gc(gc_mu_);
+  MutexLock lock(mu_);
+  for (auto it = punch_later_.begin(); it != punch_later_.end();) {
+    if (pinned_.count(it->first) != 0) {
+      ++it;
+      continue;
+    }
+    dead.push_back(it->second);
+    it = punch_later_.erase(it);
+  }
+  PunchRecords(std::move(dead));
 }
 
 void Store::RunReencoder() {
@@ -158,36 +214,23 @@ void Store::RunReencoder() {
     }
     Status s = ReverseDeltas(id);
     if (!s.ok() && !s.IsNotFound()) {
-      spdlog::warn("reverse deltas for content {}: {} (it keeps its forward deltas)", id,
+      spdlog::warn("re-encoding content {}: {} (its pieces stay as they were written)", id,
                    s.ToString());
     }
     Status done = catalog_->Update(Catalog::SpaceUse::kFreesSpace, [&](Catalog::WriteTxn& txn) {
       std::vector<std::string> keys;
-      CKPTFS_RETURN_IF_ERROR(txn.ForEach(Table::kContentMeta, ReverseBasePrefix(id), "",
-                                         [&](auto key, auto) {
-                                           keys.emplace_back(key);
-                                           return true;
-                                         }));
+      CKPTFS_RETURN_IF_ERROR(
+          txn.ForEach(Table::kContentMeta, ReverseBasePrefix(id), "", [&](auto key, auto) {
+            keys.emplace_back(key);
+            return true;
+          }));
       for (const std::string& key : keys) {
         CKPTFS_RETURN_IF_ERROR(txn.Delete(Table::kContentMeta, key));
       }
       return txn.Delete(Table::kContentMeta, QueuedKey(id));
     });
     if (!done.ok()) spdlog::warn("content {}: {}", id, done.ToString());
-    {  // Replaced records whose pins are gone by now.
-      std::vector<PackLocation> dead;
-      std::unique_lock gc(gc_mu_);
-      MutexLock lock(mu_);
-      for (auto it = punch_later_.begin(); it != punch_later_.end();) {
-        if (pinned_.count(it->first) != 0) {
-          ++it;
-          continue;
-        }
-        dead.push_back(it->second);
-        it = punch_later_.erase(it);
-      }
-      PunchRecords(std::move(dead));
-    }
+    PunchUnpinnedReplaced();
     {
       MutexLock lock(reencode_mu_);
       reencode_busy_ = false;
@@ -214,28 +257,41 @@ Status Store::ReverseDeltas(ContentId id) {
       if (!row || !IsDelta(row->transform)) continue;
       CKPTFS_ASSIGN_OR_RETURN(std::optional<ChunkRow> base, txn.GetChunk(row->base));
       if (!base || IsDelta(base->transform) || base->raw_len != row->raw_len) continue;
-      CKPTFS_ASSIGN_OR_RETURN(auto promoted,
-                              txn.Get(Table::kContentMeta, PromotedKey(row->base)));
-      candidates.push_back(Candidate{x, row->base, *row, *base, promoted.has_value(), false});
+      CKPTFS_ASSIGN_OR_RETURN(auto promoted, txn.Get(Table::kContentMeta, PromotedKey(row->base)));
+      candidates.push_back(
+          Candidate{x, row->base, *row, *base, promoted.has_value(), false, false, true});
     }
-    // Pieces written whole against a whole base: both whole now, B to become a delta of X.
-    std::vector<std::pair<ChunkId, ChunkId>> pairs;
-    CKPTFS_RETURN_IF_ERROR(txn.ForEach(Table::kContentMeta, ReverseBasePrefix(id), "",
-                                       [&](auto key, auto value) {
-                                         if (key.size() == 9 + 32 && value.size() == 32) {
-                                           pairs.emplace_back(IdFromBytes(key.substr(9)),
-                                                              IdFromBytes(value));
-                                         }
-                                         return true;
-                                       }));
+    // Pieces written whole against a whole base: both whole now, B to become a delta of X;
+    // and pieces written raw (compress_behind), with or without such a base.
+    std::vector<std::pair<ChunkId, std::optional<ChunkId>>> pairs;
+    CKPTFS_RETURN_IF_ERROR(
+        txn.ForEach(Table::kContentMeta, ReverseBasePrefix(id), "", [&](auto key, auto value) {
+          if (key.size() != 9 + 32) return true;
+          if (value.size() == 32) {
+            pairs.emplace_back(IdFromBytes(key.substr(9)), IdFromBytes(value));
+          } else if (value.empty()) {
+            pairs.emplace_back(IdFromBytes(key.substr(9)), std::nullopt);
+          }
+          return true;
+        }));
+    const bool can_compress = options_.codec->codec != Codec::kNone || options_.codec->entropy;
     for (const auto& [x, b] : pairs) {
       if (x == b) continue;
       CKPTFS_ASSIGN_OR_RETURN(std::optional<ChunkRow> row, txn.GetChunk(x));
       if (!row || IsDelta(row->transform)) continue;
-      CKPTFS_ASSIGN_OR_RETURN(std::optional<ChunkRow> base, txn.GetChunk(b));
-      if (!base || IsDelta(base->transform) || base->raw_len != row->raw_len) continue;
-      CKPTFS_ASSIGN_OR_RETURN(auto promoted, txn.Get(Table::kContentMeta, PromotedKey(b)));
-      candidates.push_back(Candidate{x, b, *row, *base, promoted.has_value(), true});
+      const bool compress_x = can_compress && StoredRaw(*row);
+      std::optional<ChunkRow> base;
+      if (b) {
+        CKPTFS_ASSIGN_OR_RETURN(base, txn.GetChunk(*b));
+        if (base && (IsDelta(base->transform) || base->raw_len != row->raw_len)) base.reset();
+      }
+      if (!base) {
+        if (compress_x) candidates.push_back(Candidate{x, x, *row, *row, false, true, true, false});
+        continue;
+      }
+      CKPTFS_ASSIGN_OR_RETURN(auto promoted, txn.Get(Table::kContentMeta, PromotedKey(*b)));
+      candidates.push_back(
+          Candidate{x, *b, *row, *base, promoted.has_value(), true, compress_x, true});
     }
   }
   // Who decodes through whom (base -> its deltas) and every chunk's depth, for the depths a
@@ -244,6 +300,9 @@ Status Store::ReverseDeltas(ContentId id) {
   std::unordered_map<ChunkId, std::vector<ChunkId>> children;
   std::unordered_map<ChunkId, uint8_t> depth;
   uint64_t maps_valid_for = 0;  // the write transaction id the maps are current for
+  const unsigned reencode_threads = options_.worker_threads > 0
+                                        ? static_cast<unsigned>(options_.worker_threads)
+                                        : std::max(1u, std::thread::hardware_concurrency());
   for (size_t i = 0; i < candidates.size();) {
     // 2. Encode a batch: X whole, B against X; both durable before the catalog names them.
     // The whole records go first, the deltas after them: the next version's re-encoding
@@ -252,17 +311,23 @@ Status Store::ReverseDeltas(ContentId id) {
       RecordHeader header;
       Buffer payload;
     };
-    std::vector<Swap> swaps;
-    std::vector<std::pair<std::optional<Encoded>, std::optional<Encoded>>> encoded;
-    uint64_t bytes = 0;
-    for (; i < candidates.size() && bytes < options_.reencode_batch_bytes; ++i) {
-      const Candidate& c = candidates[i];
+    using Pair = std::pair<std::optional<Encoded>, std::optional<Encoded>>;
+    // The batch: pieces up to reencode_batch_bytes, encoded in parallel (each candidate on its
+    // own), appended in order.
+    const size_t first = i;
+    for (uint64_t bytes = 0; i < candidates.size() && bytes < options_.reencode_batch_bytes; ++i) {
+      bytes += candidates[i].x_row.raw_len;
+    }
+    std::vector<std::optional<Pair>> results(i - first);
+    ParallelFor(i - first, reencode_threads, [&](size_t k) {
+      const Candidate& c = candidates[first + k];
       // B once; X from its record and B's bytes (decoding X alone would rebuild B again).
       Result<Buffer> b_raw = [&]() -> Result<Buffer> {
+        if (!c.has_b) return Buffer();
         std::shared_lock gc(gc_mu_);
         return reader_->Decode(c.b, c.b_row);
       }();
-      if (!b_raw.ok()) continue;  // moved or dropped meanwhile: leave it
+      if (!b_raw.ok()) return;  // moved or dropped meanwhile: leave it
       // X: written whole, from the cache (the writer cached it as the next version's base)
       // or its record; else rebuilt from its forward delta and B's bytes.
       std::shared_ptr<const Buffer> x_cached;
@@ -273,18 +338,19 @@ Status Store::ReverseDeltas(ContentId id) {
         return c.x_whole ? reader_->Decode(c.x, c.x_row)
                          : reader_->DecodeWithBase(c.x, c.x_row, *b_raw);
       }();
-      if (!x_raw.ok()) continue;
+      if (!x_raw.ok()) return;
       const Buffer& x_bytes = x_cached ? *x_cached : *x_raw;
-      bytes += c.x_row.raw_len;
       std::optional<Encoded> whole_x;
-      if (!c.x_whole) {
+      if (!c.x_whole || c.compress_x) {
         EncodedPiece whole = EncodePiece(*options_.codec, x_bytes.bytes(), c.x_row.width, nullptr);
-        Buffer payload = whole.stored_raw() ? std::move(*x_raw) : std::move(whole.stored);
-        RecordHeader h = RecordHeader::For(c.x, c.x_row.raw_len, whole.encoding, payload.bytes());
-        whole_x = Encoded{h, std::move(payload)};
+        if (!c.x_whole || !whole.stored_raw()) {  // a raw X that does not shrink stays as it is
+          Buffer payload = whole.stored_raw() ? std::move(*x_raw) : std::move(whole.stored);
+          RecordHeader h = RecordHeader::For(c.x, c.x_row.raw_len, whole.encoding, payload.bytes());
+          whole_x = Encoded{h, std::move(payload)};
+        }
       }
       std::optional<Encoded> delta;
-      if (c.b_promoted) {  // an anchor stays whole: no need to try
+      if (c.has_b && c.b_promoted) {  // an anchor stays whole: no need to try
         EncodedPiece d = EncodePiece(*options_.codec, b_raw->bytes(), c.b_row.width, &x_bytes);
         if (IsDelta(d.encoding.transform)) {
           RecordHeader h =
@@ -292,8 +358,14 @@ Status Store::ReverseDeltas(ContentId id) {
           delta = Encoded{h, std::move(d.stored)};
         }
       }
-      encoded.emplace_back(std::move(whole_x), std::move(delta));
-      swaps.push_back(Swap{c, std::nullopt, std::nullopt});
+      results[k] = Pair(std::move(whole_x), std::move(delta));
+    });
+    std::vector<Swap> swaps;
+    std::vector<Pair> encoded;
+    for (size_t k = 0; k < results.size(); ++k) {
+      if (!results[k]) continue;
+      encoded.push_back(std::move(*results[k]));
+      swaps.push_back(Swap{candidates[first + k], std::nullopt, std::nullopt});
     }
     {
       std::shared_lock gc(gc_mu_);
@@ -340,25 +412,61 @@ Status Store::ReverseDeltas(ContentId id) {
       for (const Swap& s : swaps) {
         const Candidate& c = s.c;
         std::optional<PackLocation> x_new, b_new;
-        if (s.x_whole) x_new = PackLocation{s.x_whole->pack_id, s.x_whole->offset, s.x_whole->length};
-        if (s.b_delta) b_new = PackLocation{s.b_delta->pack_id, s.b_delta->offset, s.b_delta->length};
+        if (s.x_whole)
+          x_new = PackLocation{s.x_whole->pack_id, s.x_whole->offset, s.x_whole->length};
+        if (s.b_delta)
+          b_new = PackLocation{s.b_delta->pack_id, s.b_delta->offset, s.b_delta->length};
         if ((x_new && !packs_->IsDurable(*x_new)) || (b_new && !packs_->IsDurable(*b_new))) {
-          return synced.ok() ? Status::IOError("a re-encoded record failed to reach disk")
-                             : synced;
+          return synced.ok() ? Status::IOError("a re-encoded record failed to reach disk") : synced;
         }
         CKPTFS_ASSIGN_OR_RETURN(std::optional<ChunkRow> x, txn.GetChunk(c.x));
-        CKPTFS_ASSIGN_OR_RETURN(std::optional<ChunkRow> b, txn.GetChunk(c.b));
         auto same = [](const std::optional<ChunkRow>& now, const ChunkRow& then) {
           return now && now->pack_id == then.pack_id && now->offset == then.offset &&
                  now->length == then.length;
         };
+        // X's raw record replaced by its compressed one. The old record dies now, unless a
+        // writer holds X pinned (as the next version's delta base, at the old location): then
+        // it is punched once the pin is gone.
+        auto retire_x = [&](const ChunkRow& old) {
+          const PackLocation x_old{old.pack_id, old.offset, old.length};
+          mu_.AssertHeld();  // called below, under the lock above
+          if (pinned_.count(c.x) == 0) {
+            dead.push_back(x_old);
+          } else {
+            punch_later_.emplace_back(c.x, x_old);
+          }
+          uint64_t& end = pack_ends[s.x_whole->pack_id];
+          end = std::max(end, s.x_whole->offset + s.x_whole->length);
+        };
+        // Only X's raw record replaced by its compressed one: X keeps its place in every chain.
+        auto compress_only = [&]() -> Status {
+          if (!c.compress_x || !same(x, c.x_row) || !s.x_whole) {
+            if (x_new) unused.push_back(*x_new);
+            return Status::OK();
+          }
+          ChunkRow new_x = *s.x_whole;
+          new_x.refcount = x->refcount;
+          new_x.depth = x->depth;
+          retire_x(*x);
+          ++applied;
+          return txn.PutChunk(c.x, new_x);
+        };
+        if (!c.has_b) {
+          CKPTFS_RETURN_IF_ERROR(compress_only());
+          continue;
+        }
+        CKPTFS_ASSIGN_OR_RETURN(std::optional<ChunkRow> b, txn.GetChunk(c.b));
         // B is read-pinned only by a writer taking it as a delta base, which would record a
         // depth one short of the chain B joins now: leave it. X may be pinned by the next
         // version's writer: its old record stays (gc frees it once unpinned).
         if (!same(x, c.x_row) || !same(b, c.b_row) || (!c.x_whole && x->base != c.b) ||
             pinned_.count(c.b) != 0) {
-          if (x_new) unused.push_back(*x_new);  // gc or a writer got there first
-          if (b_new) unused.push_back(*b_new);
+          if (b_new) unused.push_back(*b_new);  // gc or a writer got there first
+          if (c.x_whole) {
+            CKPTFS_RETURN_IF_ERROR(compress_only());  // a raw X is compressed all the same
+          } else if (x_new) {
+            unused.push_back(*x_new);
+          }
           continue;
         }
         // B becomes a delta against X only if the re-encoder promoted it (it is not an
@@ -388,20 +496,11 @@ Status Store::ReverseDeltas(ContentId id) {
         // Without the swap, X alone is made whole: where B is an anchor or its chains are full
         // that is the keyframe forward deltas would write too; left a delta, X would make the
         // next version's piece a delta of a delta, and its chain would grow forward again.
-        ChunkRow new_x = c.x_whole ? *x : *s.x_whole;
+        ChunkRow new_x = s.x_whole ? *s.x_whole : *x;
         new_x.refcount = x->refcount;
         new_x.depth = 1;
-        if (!c.x_whole) {
-          --b->refcount;  // X no longer decodes through B
-          // X's old record dies now, unless a writer holds X pinned (as the next version's
-          // delta base, at the old location): then it is punched once the pin is gone.
-          const PackLocation x_old{x->pack_id, x->offset, x->length};
-          if (pinned_.count(c.x) == 0) {
-            dead.push_back(x_old);
-          } else {
-            punch_later_.emplace_back(c.x, x_old);
-          }
-        }
+        if (!c.x_whole) --b->refcount;  // X no longer decodes through B
+        if (s.x_whole) retire_x(*x);
         if (swap) {
           ChunkRow new_b = *s.b_delta;
           new_b.refcount = b->refcount;
@@ -432,10 +531,6 @@ Status Store::ReverseDeltas(ContentId id) {
         CKPTFS_RETURN_IF_ERROR(txn.PutChunk(c.x, new_x));
         CKPTFS_RETURN_IF_ERROR(txn.Put(Table::kContentMeta, PromotedKey(c.x), ""));
         depth[c.x] = 1;
-        if (!c.x_whole) {
-          uint64_t& end = pack_ends[new_x.pack_id];
-          end = std::max(end, new_x.offset + new_x.length);
-        }
         ++applied;
       }
       for (const auto& [pack_id, end] : pack_ends) {
@@ -482,8 +577,8 @@ void Store::PunchRecords(std::vector<PackLocation> dead) {
       fd = std::move(*opened);
       fd_pack = pack;
     }
-    if (::fallocate(fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                    static_cast<off_t>(start), static_cast<off_t>(end - start)) != 0 &&
+    if (::fallocate(fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(start),
+                    static_cast<off_t>(end - start)) != 0 &&
         errno != EOPNOTSUPP) {
       spdlog::info("punching replaced records in pack {}: {} (gc frees them later)", pack,
                    std::strerror(errno));

@@ -202,9 +202,8 @@ Result<std::unique_ptr<Store>> Store::Open(const std::filesystem::path& dir,
   store->options_.codec = config.codec;
   CKPTFS_ASSIGN_OR_RETURN(store->catalog_,
                           Catalog::Open(dir / "catalog", options.space_reserve_bytes));
-  store->reader_ =
-      std::make_unique<ChunkReader>(dir / "packs", store->catalog_.get(), &store->cache_,
-                                    options.remote_records);
+  store->reader_ = std::make_unique<ChunkReader>(dir / "packs", store->catalog_.get(),
+                                                 &store->cache_, options.remote_records);
   CKPTFS_RETURN_IF_ERROR(store->Recover());
   int threads = options.worker_threads > 0
                     ? options.worker_threads
@@ -303,7 +302,14 @@ Result<ChunkRow> Store::PutChunk(const ChunkId& id, Buffer raw, const PieceHint&
                    id.ShortHex(), hint.base->first.ShortHex(), loaded.status().ToString());
     }
   }
-  EncodedPiece piece = EncodePiece(*options_.codec, raw.bytes(), hint.width, base.get());
+  EncodedPiece piece;
+  if (base == nullptr && CompressesBehind()) {
+    // Stored raw: the commit queues it for the re-encoder, which compresses it.
+    piece.encoding = {Transform::kPlain, std::clamp<uint8_t>(hint.width, 1, kMaxPieceWidth),
+                      Codec::kNone};
+  } else {
+    piece = EncodePiece(*options_.codec, raw.bytes(), hint.width, base.get());
+  }
   const bool delta = IsDelta(piece.encoding.transform);
   // A delta's payload is its base's id, then the encoded bytes: the pack writer writes the id
   // from the header's buffer, so the encoded bytes are not copied behind it.
@@ -340,6 +346,11 @@ bool Store::WritesWhole(const ChunkRow& base_row) const {
   return reencoder_.joinable() && !IsDelta(base_row.transform);
 }
 
+bool Store::CompressesBehind() const {
+  return options_.compress_behind && reencoder_.joinable() &&
+         (options_.codec->codec != Codec::kNone || options_.codec->entropy);
+}
+
 void Store::Unpin(const ChunkId& id) {
   MutexLock lock(mu_);
   auto it = pinned_.find(id);
@@ -347,9 +358,8 @@ void Store::Unpin(const ChunkId& id) {
 }
 
 Result<ContentId> Store::CommitContent(
-    std::optional<ContentId> base, const std::vector<CommitRef>& refs,
-    uint64_t size, const std::string& layout,
-    const std::function<Status(Catalog::WriteTxn&, ContentId)>& hook) {
+    std::optional<ContentId> base, const std::vector<CommitRef>& refs, uint64_t size,
+    const std::string& layout, const std::function<Status(Catalog::WriteTxn&, ContentId)>& hook) {
   Status synced = packs_->Sync();
   CKPTFS_ASSIGN_OR_RETURN(auto txn, catalog_->BeginWrite());
   CKPTFS_ASSIGN_OR_RETURN(uint64_t last_id, txn.GetCounter(kNextContentKey));
@@ -404,9 +414,15 @@ Result<ContentId> Store::CommitContent(
         ++base_row->refcount;
         CKPTFS_RETURN_IF_ERROR(txn.PutChunk(row->base, *base_row));
       } else if (reverse_base && *reverse_base != ref.id && reencoder_.joinable()) {
-        // Written whole against a whole base: the re-encoder makes the base a delta of it.
+        // Written whole against a whole base: the re-encoder makes the base a delta of it
+        // (and compresses this piece first if it was written raw).
         new_deltas = true;
         CKPTFS_RETURN_IF_ERROR(MarkReverseBase(txn, id, ref.id, *reverse_base));
+      } else if (CompressesBehind() && row->transform == Transform::kPlain &&
+                 row->codec == Codec::kNone) {
+        // Written raw, without a base: the re-encoder compresses it.
+        new_deltas = true;
+        CKPTFS_RETURN_IF_ERROR(MarkReverseBase(txn, id, ref.id, std::nullopt));
       }
     }
     ++row->refcount;

@@ -101,6 +101,11 @@ struct StoreOptions {
   // against them, so that the newest version decodes one record per piece. false: forward
   // deltas only (the newest version decodes up to max_delta_chain records per piece).
   bool reverse_deltas = true;
+  // With reverse deltas: every piece the writer stores whole is written raw, and the
+  // re-encoder compresses it behind the writer (reencode.cc), so that a save pays chunking and
+  // hashing but no encoding; the store reaches its compressed size once the re-encoder caught
+  // up (`ckptfs sync` waits for it). false: whole pieces are encoded as they are written.
+  bool compress_behind = true;
   // Raw bytes the re-encoder re-encodes per catalog transaction, at most.
   uint64_t reencode_batch_bytes = 64u << 20;
   // Where records that are not on local disk are read from (remote_records.h): set for a
@@ -254,7 +259,8 @@ class Store {
   // ---- end of adopt.cc --------------------------------------------------------------------
 
   // Returns once every content committed so far has been through the reverse-delta
-  // re-encoder (at once with reverse_deltas off). The destructor waits for it too.
+  // re-encoder (at once with reverse_deltas off), and the records it replaced that no writer
+  // holds any more are punched out. The destructor waits for it too.
   void WaitReencoded();
   // Pieces the re-encoder stored whole since Open (their bases re-encoded against them or
   // left whole as anchors).
@@ -311,6 +317,8 @@ class Store {
   // delta to the re-encoder (reverse deltas on and the base whole: the newest version is
   // whole in the end, so a forward delta now would be encoded only to be replaced).
   bool WritesWhole(const ChunkRow& base_row) const;
+  // Whether whole pieces are written raw, for the re-encoder to compress (compress_behind).
+  bool CompressesBehind() const;
   // Pins a chunk that is stored (committed or pinned); nullopt when it is not.
   Result<std::optional<ChunkRow>> PinIfStored(const ChunkId& id);
   void Unpin(const ChunkId& id);
@@ -327,8 +335,7 @@ class Store {
     std::optional<ChunkId> reverse_base;
   };
   // Durably commits a content made of `refs`, with its layout row (empty: none).
-  Result<ContentId> CommitContent(std::optional<ContentId> base,
-                                  const std::vector<CommitRef>& refs,
+  Result<ContentId> CommitContent(std::optional<ContentId> base, const std::vector<CommitRef>& refs,
                                   uint64_t size, const std::string& layout,
                                   const std::function<Status(Catalog::WriteTxn&, ContentId)>& hook);
   // The decoded chunk, from the cache or the pack (chunk_reader.h).
@@ -362,15 +369,18 @@ class Store {
   // Persists `id` in the re-encoder's queue (inside the transaction that commits it).
   static Status MarkForReverseDeltas(Catalog::WriteTxn& txn, ContentId id);
   // Records, with content `id`, that its new chunk `x` was written whole against the whole
-  // chunk `base`: the re-encoder of `id` makes `base` a delta against `x`.
+  // chunk `base`: the re-encoder of `id` makes `base` a delta against `x`, and compresses `x`
+  // first if it was written raw (compress_behind). Without a base: only that compression.
   static Status MarkReverseBase(Catalog::WriteTxn& txn, ContentId id, const ChunkId& x,
-                                const ChunkId& base);
+                                const std::optional<ChunkId>& base);
   // Queues the contents a crash left marked (Open).
   Status QueuePendingReverseDeltas();
   void RunReencoder();
   Status ReverseDeltas(ContentId id);
   // Punches the whole blocks inside dead records' extents (adjacent records as one range).
   void PunchRecords(std::vector<PackLocation> dead);
+  // Punches the replaced records that waited for their pins (punch_later_) and have none now.
+  void PunchUnpinnedReplaced();
 
   const std::filesystem::path dir_;
   StoreOptions options_;

@@ -4,9 +4,9 @@
 // ones readable, and malformed checkpoints are stored as opaque bytes.
 #include <gtest/gtest.h>
 
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
-#include <condition_variable>
 #include <filesystem>
 #include <mutex>
 #include <random>
@@ -281,6 +281,7 @@ TEST_F(DeltaTest, WithReverseDeltasTheWriterStoresWholeAndTheReencoderOnlyTheBas
   // re-encoder: the writer stores the piece whole, and the re-encoder makes the base (the
   // version before) a delta against it. Seen between the writer's commit and the re-encoder's.
   StoreOptions options = DeltaOptions(8, /*reverse=*/true);
+  options.compress_behind = false;          // whole pieces encoded by the writer (the next test)
   options.reencode_batch_bytes = 1u << 30;  // one batch, one hook call per version
   std::mutex mu;
   std::condition_variable cv;
@@ -317,6 +318,71 @@ TEST_F(DeltaTest, WithReverseDeltasTheWriterStoresWholeAndTheReencoderOnlyTheBas
   auto reopened = OpenStore(dir_.path(), DeltaOptions(8, /*reverse=*/true));
   ASSERT_TRUE(reopened);
   for (int v = 0; v < 3; ++v) EXPECT_TRUE(ContentEquals(*reopened, ids[v], files_[v])) << v;
+}
+
+TEST_F(DeltaTest, CompressBehindWritesRawPiecesThatTheReencoderCompresses) {
+  // The default: the writer stores every whole piece raw, so a save pays no encoding, and the
+  // re-encoder compresses the pieces behind it. Once it caught up, the store holds what a
+  // writer that encodes as it writes leaves, record for record.
+  std::vector<uint64_t> expected;  // record bytes per version, encoded at write
+  {
+    TempDir at_write_dir{"delta-at-write"};
+    StoreOptions at_write = DeltaOptions(8, /*reverse=*/true);
+    at_write.compress_behind = false;
+    auto store = OpenStore(at_write_dir.path(), at_write);
+    ASSERT_TRUE(store);
+    ASSERT_OK_AND_ASSIGN(std::vector<ContentId> ids, StoreChain(*store, files_));
+    store->WaitReencoded();
+    for (ContentId id : ids) {
+      ASSERT_OK_AND_ASSIGN(ContentEncoding e, store->DescribeContent(id));
+      expected.push_back(e.record_bytes);
+    }
+  }
+  StoreOptions options = DeltaOptions(8, /*reverse=*/true);
+  ASSERT_TRUE(options.compress_behind) << "the default";
+  options.reencode_batch_bytes = 1u << 30;  // one batch, one hook call per version
+  std::mutex mu;
+  std::condition_variable cv;
+  bool held = false, release = false;
+  options.before_reencode_commit = [&] {  // holds the first version's compression
+    std::unique_lock lock(mu);
+    if (held) return;
+    held = true;
+    cv.notify_all();
+    cv.wait(lock, [&] { return release; });
+  };
+  auto store = OpenStore(dir_.path(), options);
+  ASSERT_TRUE(store);
+  ASSERT_OK_AND_ASSIGN(std::vector<ContentId> ids, StoreChain(*store, files_));
+  {
+    std::unique_lock lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(60), [&] { return held; }));
+  }
+  // Before the re-encoder: every version as written, raw, and readable.
+  for (int v = 0; v < kVersions; ++v) {
+    ASSERT_OK_AND_ASSIGN(ContentEncoding e, store->DescribeContent(ids[v]));
+    EXPECT_GE(e.record_bytes, e.raw_bytes) << "version " << v << " written raw";
+    EXPECT_EQ(e.max_depth, 1u) << "version " << v << " whole";
+    EXPECT_TRUE(ContentEquals(*store, ids[v], files_[v])) << "version " << v;
+  }
+  {
+    std::lock_guard lock(mu);
+    release = true;
+  }
+  cv.notify_all();
+  store->WaitReencoded();
+  for (int v = 0; v < kVersions; ++v) {
+    ASSERT_OK_AND_ASSIGN(ContentEncoding e, store->DescribeContent(ids[v]));
+    EXPECT_EQ(e.record_bytes, expected[v]) << "version " << v;
+    EXPECT_LT(e.record_bytes, e.raw_bytes) << "version " << v;
+    EXPECT_TRUE(ContentEquals(*store, ids[v], files_[v])) << "version " << v;
+  }
+  EXPECT_EQ(NewestDepth(*store, ids.back()), 1u) << "the newest stays whole";
+  EXPECT_TRUE(VerifyClean(*store));
+  store.reset();
+  auto reopened = OpenStore(dir_.path(), DeltaOptions(8, /*reverse=*/true));
+  ASSERT_TRUE(reopened);
+  for (int v = 0; v < kVersions; ++v) EXPECT_TRUE(ContentEquals(*reopened, ids[v], files_[v]));
 }
 
 TEST_F(DeltaTest, ReverseChainBoundHolds) {
