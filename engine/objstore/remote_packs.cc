@@ -281,24 +281,26 @@ void RemotePacks::WillNeed(std::vector<RecordRange> records) const {
   std::vector<Planned> plan;
   MutexLock lock(mu_);
   for (const RecordRange& r : records) {
-    const std::optional<PackSegment> seg = SegmentAt(r.pack_id, r.offset);
-    // A record that spans two segments is read directly when it is needed.
-    if (!seg || r.offset + r.length > seg->offset + seg->length ||
-        Covered(r.pack_id, r.offset, r.offset + r.length)) {
-      continue;
-    }
-    if (!plan.empty()) {
-      Planned& cur = plan.back();
-      if (cur.seg.offset == seg->offset && cur.seg.sha256 == seg->sha256 &&
-          r.offset >= cur.end && r.offset - cur.end <= kRunGap &&
-          r.offset + r.length - cur.begin <= options_.run_bytes &&
-          !Covered(r.pack_id, cur.end, r.offset + r.length)) {
-        cur.end = r.offset + r.length;
-        cur.bytes += r.length;
-        continue;
+    // A record that spans two segments is a piece of a run in each.
+    for (uint64_t pos = r.offset, end = r.offset + r.length; pos < end;) {
+      const std::optional<PackSegment> seg = SegmentAt(r.pack_id, pos);
+      if (!seg) break;  // read (and reported) when it is needed
+      const uint64_t stop = std::min(end, seg->offset + seg->length);
+      const uint64_t begin = pos;
+      pos = stop;
+      if (Covered(r.pack_id, begin, stop)) continue;
+      if (!plan.empty()) {
+        Planned& cur = plan.back();
+        if (cur.seg.offset == seg->offset && cur.seg.sha256 == seg->sha256 && begin >= cur.end &&
+            begin - cur.end <= kRunGap && stop - cur.begin <= options_.run_bytes &&
+            !Covered(r.pack_id, cur.end, stop)) {
+          cur.end = stop;
+          cur.bytes += stop - begin;
+          continue;
+        }
       }
+      plan.push_back({*seg, r.pack_id, begin, stop, stop - begin});
     }
-    plan.push_back({*seg, r.pack_id, r.offset, r.offset + r.length, r.length});
   }
   const size_t wanted = plan.size();  // the window's runs; the read-ahead's follow
   // Read-ahead: a checkpoint's records lie in its pack in the order they are read, so the

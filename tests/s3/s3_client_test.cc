@@ -357,6 +357,29 @@ TEST_F(S3ClientTest, RemotePacksReadRecordsAcrossSegmentsWithinTheBudget) {
     EXPECT_LE(remote.held_bytes(), options.prefetch_bytes);
   }
 
+  // A record that spans two segments is prefetched too, as one run in each (read-ahead off):
+  // both runs are held once planned, and reading the record takes what they fetched.
+  {
+    RemotePacksOptions spanning = options;
+    spanning.read_ahead_bytes = 0;
+    std::filesystem::create_directories(dir);
+    ASSERT_TRUE(RemotePacks::Record(dir, packs).ok());
+    Result<std::shared_ptr<RemotePacks>> other =
+        RemotePacks::Open(client_.get(), loc, dir, spanning);
+    std::filesystem::remove_all(dir);
+    ASSERT_TRUE(other.ok()) << other.status().ToString();
+    RemotePacks& r = **other;
+    const uint64_t at = 2 * kSeg - 3000;
+    r.WillNeed({{5, at, 5000}});
+    EXPECT_EQ(r.held_bytes(), 5000u);
+    std::string header(48, '\0'), payload(5000 - 48, '\0');
+    Status st = r.Read(5, at, Mut(header), Mut(payload));
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    EXPECT_EQ(header + payload, pack.substr(at, 5000));
+    EXPECT_EQ(r.gets(), 2u);        // the two runs, no direct GET besides
+    EXPECT_EQ(r.held_bytes(), 0u);  // both read to their ends: dropped
+  }
+
   // A segment gone from the bucket: the read fails with an error, not with wrong bytes.
   ASSERT_TRUE(client_->Delete(bucket_, prefix_ + "objects/" + packs[PackFileName(5)][2].sha256)
                   .ok());
