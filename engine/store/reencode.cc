@@ -279,7 +279,9 @@ Status Store::ReverseDeltas(ContentId id) {
       if (x == b) continue;
       CKPTFS_ASSIGN_OR_RETURN(std::optional<ChunkRow> row, txn.GetChunk(x));
       if (!row || IsDelta(row->transform)) continue;
-      const bool compress_x = can_compress && StoredRaw(*row);
+      // (Smaller pieces stored raw were written by an encoder that found them incompressible.)
+      const bool compress_x =
+          can_compress && StoredRaw(*row) && row->raw_len >= options_.compress_behind_min_bytes;
       std::optional<ChunkRow> base;
       if (b) {
         CKPTFS_ASSIGN_OR_RETURN(base, txn.GetChunk(*b));

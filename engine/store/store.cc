@@ -303,7 +303,7 @@ Result<ChunkRow> Store::PutChunk(const ChunkId& id, Buffer raw, const PieceHint&
     }
   }
   EncodedPiece piece;
-  if (base == nullptr && CompressesBehind()) {
+  if (base == nullptr && CompressesBehind(raw.size())) {
     // Stored raw: the commit queues it for the re-encoder, which compresses it.
     piece.encoding = {Transform::kPlain, std::clamp<uint8_t>(hint.width, 1, kMaxPieceWidth),
                       Codec::kNone};
@@ -346,8 +346,9 @@ bool Store::WritesWhole(const ChunkRow& base_row) const {
   return reencoder_.joinable() && !IsDelta(base_row.transform);
 }
 
-bool Store::CompressesBehind() const {
-  return options_.compress_behind && reencoder_.joinable() &&
+bool Store::CompressesBehind(uint64_t raw_len) const {
+  return options_.compress_behind && raw_len >= options_.compress_behind_min_bytes &&
+         reencoder_.joinable() &&
          (options_.codec->codec != Codec::kNone || options_.codec->entropy);
 }
 
@@ -418,7 +419,7 @@ Result<ContentId> Store::CommitContent(
         // (and compresses this piece first if it was written raw).
         new_deltas = true;
         CKPTFS_RETURN_IF_ERROR(MarkReverseBase(txn, id, ref.id, *reverse_base));
-      } else if (CompressesBehind() && row->transform == Transform::kPlain &&
+      } else if (CompressesBehind(row->raw_len) && row->transform == Transform::kPlain &&
                  row->codec == Codec::kNone) {
         // Written raw, without a base: the re-encoder compresses it.
         new_deltas = true;

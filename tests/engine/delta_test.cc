@@ -340,6 +340,7 @@ TEST_F(DeltaTest, CompressBehindWritesRawPiecesThatTheReencoderCompresses) {
   }
   StoreOptions options = DeltaOptions(8, /*reverse=*/true);
   ASSERT_TRUE(options.compress_behind) << "the default";
+  options.compress_behind_min_bytes = 0;    // these test files' pieces are small
   options.reencode_batch_bytes = 1u << 30;  // one batch, one hook call per version
   std::mutex mu;
   std::condition_variable cv;
@@ -383,6 +384,45 @@ TEST_F(DeltaTest, CompressBehindWritesRawPiecesThatTheReencoderCompresses) {
   auto reopened = OpenStore(dir_.path(), DeltaOptions(8, /*reverse=*/true));
   ASSERT_TRUE(reopened);
   for (int v = 0; v < kVersions; ++v) EXPECT_TRUE(ContentEquals(*reopened, ids[v], files_[v]));
+}
+
+TEST_F(DeltaTest, PiecesBelowTheCompressBehindMinimumAreEncodedAsWritten) {
+  // Small pieces are encoded by the writer even with compress_behind: before the re-encoder
+  // runs, the first version is already compressed (and the re-encoder does not queue it).
+  StoreOptions options = DeltaOptions(8, /*reverse=*/true);
+  options.compress_behind_min_bytes = 1u << 30;  // above every piece here
+  options.reencode_batch_bytes = 1u << 30;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool held = false, release = false;
+  options.before_reencode_commit = [&] {
+    std::unique_lock lock(mu);
+    if (held) return;
+    held = true;
+    cv.notify_all();
+    cv.wait(lock, [&] { return release; });
+  };
+  auto store = OpenStore(dir_.path(), options);
+  ASSERT_TRUE(store);
+  ASSERT_OK_AND_ASSIGN(std::vector<ContentId> ids, StoreChain(*store, files_));
+  {
+    std::unique_lock lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(60), [&] { return held; }));
+  }
+  for (int v = 0; v < kVersions; ++v) {
+    ASSERT_OK_AND_ASSIGN(ContentEncoding e, store->DescribeContent(ids[v]));
+    EXPECT_LT(e.record_bytes, e.raw_bytes) << "version " << v << " encoded as written";
+  }
+  {
+    std::lock_guard lock(mu);
+    release = true;
+  }
+  cv.notify_all();
+  store->WaitReencoded();
+  for (int v = 0; v < kVersions; ++v) {
+    EXPECT_TRUE(ContentEquals(*store, ids[v], files_[v])) << "version " << v;
+  }
+  EXPECT_TRUE(VerifyClean(*store));
 }
 
 TEST_F(DeltaTest, ReverseChainBoundHolds) {
