@@ -15,6 +15,13 @@
 #                                                    given), one process; log in
 #                                                    build-fuzz/TARGET-runs.log
 #        scripts/fuzz.sh SECONDS [JOBS]              the torch_zip target (as before targets)
+#        scripts/fuzz.sh --fast ...                  any of the above with targets built with
+#                                                    UBSan alone, no ASan (build-fuzz-fast/;
+#                                                    several times the executions a second),
+#                                                    growing the same corpus: for the long runs
+#        scripts/fuzz.sh --replay TARGET|all         every input of the target's corpus once
+#                                                    under ASan + UBSan (after --fast runs: what
+#                                                    they found, checked for memory errors)
 # Targets: torch_zip (engine/format/torch_zip.h), torch_pickle (torch_pickle.h), safetensors
 # (safetensors.h), views (engine/views/tensor_view.h, precision_view.h: whole files; its
 # dictionary is the other three's), control_protocol (engine/namespace/control_protocol.h: the
@@ -28,6 +35,19 @@ cd "$(dirname "$0")/.."
 targets=(torch_zip torch_pickle safetensors views control_protocol piece_codec)
 ci=0
 runs=0
+replay=0
+sanitizers="address,undefined"
+build=build-fuzz
+if [ "${1:-}" = --fast ]; then
+  sanitizers=undefined
+  build=build-fuzz-fast
+  shift
+fi
+if [ "${1:-}" = --replay ]; then
+  replay=1
+  shift
+  [ "${1:-}" ] || { echo "fuzz.sh: --replay needs a target or all" >&2; exit 2; }
+fi
 if [ "${1:-}" = --runs ]; then
   runs="${2:?fuzz.sh: --runs N TARGET}"
   shift 2
@@ -46,12 +66,13 @@ if [ "$ci" -eq 0 ]; then
   seconds="${1:-30}"
   jobs="${2:-1}"
 fi
-build=build-fuzz
+corpora=build-fuzz/corpus  # one corpus per target, whichever build grows it
 
 # Configured every time (seconds when the cache exists): a build dir configured before a
 # target was added knows no rule for it, and `cmake --build --target` fails before it would
 # regenerate.
-CC=clang-14 CXX=clang++-14 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+CC=clang-14 CXX=clang++-14 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCKPTFS_FUZZ_SANITIZERS="$sanitizers" >/dev/null
 fuzzers=()
 for t in "${selected[@]}"; do fuzzers+=("${t}_fuzz"); done
 cmake --build "$build" --target "${fuzzers[@]}" -j"$(nproc)" >/dev/null
@@ -202,8 +223,19 @@ for t in "${selected[@]}"; do
     grep -E '^stat::number_of_executed_units|^Done' "$build/$t-ci.log" || true
     continue
   fi
-  corpus="$build/corpus/$t"
+  corpus="$corpora/$t"
   mkdir -p "$corpus"
+  if [ "$replay" -eq 1 ]; then
+    echo "fuzz.sh: $t: replaying $(find "$corpus" -type f | wc -l) inputs under $sanitizers"
+    if ! "$build/${t}_fuzz" -runs=0 -timeout=60 -rss_limit_mb=4096 \
+        -artifact_prefix="$build/" "$corpus" >"$build/$t-replay.log" 2>&1; then
+      tail -n 40 "$build/$t-replay.log" >&2
+      echo "fuzz.sh: $t failed on its corpus; the input is $build/crash-*" >&2
+      exit 1
+    fi
+    grep -E '^Done|INITED' "$build/$t-replay.log" | tail -1
+    continue
+  fi
   if [ "$runs" -gt 0 ]; then
     args+=(-max_total_time="$runs_seconds" -runs="$runs")
     echo "fuzz.sh: $t for $runs executions (log: $build/$t-runs.log)"
