@@ -111,7 +111,8 @@ int Stats(const std::string& target, bool as_json) {
       {"pack reads", "pack_reads"},
       {"cache hits", "cache_hits"},
       {"cache misses", "cache_misses"},
-      {"prefetch loads", "prefetch_loads"}};
+      {"prefetch loads", "prefetch_loads"},
+      {"read loads", "read_loads"}};
   for (const auto& [label, key] : kLines) std::printf("%-15s %llu\n", label, U((*r)[key]));
   if (U((*r)["logical_bytes"]) > 0) {
     std::printf("stored/logical %.4f\n", (*r)["stored_over_logical"].get<double>());

@@ -380,7 +380,8 @@ json StatsOf(const Store& store, const StoreStats& st) {
           {"pack_reads", store.pack_reads()},
           {"cache_hits", store.cache_hits()},
           {"cache_misses", store.cache_misses()},
-          {"prefetch_loads", store.prefetch_loads()}};
+          {"prefetch_loads", store.prefetch_loads()},
+          {"read_loads", store.read_loads()}};
 }
 
 json LatencyOf(const LatencyHistogram& h) {

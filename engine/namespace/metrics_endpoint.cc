@@ -47,6 +47,8 @@ constexpr Metric kStoreMetrics[] = {
     {"ckptfs_cache_misses_total", "counter", "Decoded-chunk cache lookups that missed.",
      "cache_misses"},
     {"ckptfs_prefetch_loads_total", "counter", "Chunk loads queued by prefetch.", "prefetch_loads"},
+    {"ckptfs_read_loads_total", "counter",
+     "Chunks a read decoded itself, neither cached nor being prefetched.", "read_loads"},
 };
 
 // What the daemon counted (the document's "daemon" object).

@@ -144,8 +144,10 @@ Result<CheckedRecord> ChunkReader::ReadRecord(const ChunkId& id, const ChunkRow&
 }
 
 ChunkReader::LoadResult ChunkReader::LoadChained(const ChunkId& id, const ChunkRow& row,
-                                                 const DecodeChain* chain, CacheMode mode) const {
+                                                 const DecodeChain* chain, CacheMode mode,
+                                                 bool* decoded_here) const {
   const bool streamed = mode == CacheMode::kStream;
+  if (decoded_here != nullptr) *decoded_here = false;
   if (auto hit = cache_->Lookup(id, streamed)) return hit;
   std::promise<LoadResult> promise;
   std::shared_future<LoadResult> pending;
@@ -159,6 +161,7 @@ ChunkReader::LoadResult ChunkReader::LoadChained(const ChunkId& id, const ChunkR
     }
   }
   auto decode = [&]() -> LoadResult {
+    if (decoded_here != nullptr) *decoded_here = true;
     CKPTFS_ASSIGN_OR_RETURN(Buffer raw, DecodeChained(id, row, chain, mode));
     auto chunk = std::make_shared<const Buffer>(std::move(raw));
     cache_->Insert(id, chunk, streamed);

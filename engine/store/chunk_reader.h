@@ -83,9 +83,12 @@ class ChunkReader {
               // once it has read past it; delta bases are decoded but not cached
   };
   // The decoded chunk, from the cache or its pack (once, however many ask at the same time).
+  // `decoded_here` (may be null) is set when this call decoded it itself: it was neither cached
+  // nor being loaded by another caller (the prefetcher).
   Result<std::shared_ptr<const Buffer>> Load(const ChunkId& id, const ChunkRow& row,
-                                             CacheMode mode = CacheMode::kKeep) const {
-    return LoadChained(id, row, nullptr, mode);
+                                             CacheMode mode = CacheMode::kKeep,
+                                             bool* decoded_here = nullptr) const {
+    return LoadChained(id, row, nullptr, mode, decoded_here);
   }
   // The raw bytes of a chunk (bases from the cache or their packs), owned and not cached.
   Result<Buffer> Decode(const ChunkId& id, const ChunkRow& row) const {
@@ -124,7 +127,7 @@ class ChunkReader {
   using LoadResult = Result<std::shared_ptr<const Buffer>>;
 
   LoadResult LoadChained(const ChunkId& id, const ChunkRow& row, const DecodeChain* chain,
-                         CacheMode mode) const;
+                         CacheMode mode, bool* decoded_here = nullptr) const;
   Result<Buffer> DecodeChained(const ChunkId& id, const ChunkRow& row, const DecodeChain* chain,
                                CacheMode mode) const;
   // The record of `row` decoded; `base` is the decoded base of a delta (else null).

@@ -562,7 +562,9 @@ Result<size_t> Store::ReadSlices(ContentId id, uint64_t offset, size_t length,
   }
   size_t done = 0;
   for (const auto& [ref, row] : chunks) {
-    CKPTFS_ASSIGN_OR_RETURN(auto chunk, reader_->Load(ref.id, row, mode));
+    bool decoded_here = false;
+    CKPTFS_ASSIGN_OR_RETURN(auto chunk, reader_->Load(ref.id, row, mode, &decoded_here));
+    if (decoded_here) read_loads_.fetch_add(1, std::memory_order_relaxed);
     const uint64_t pos = offset + done;
     if (pos < ref.offset || pos - ref.offset >= chunk->size()) {
       return Status::Corruption("content " + std::to_string(id) + " has a gap in its chunk " +

@@ -291,6 +291,9 @@ class Store {
   uint64_t cache_bytes() const { return cache_.size_bytes(); }
   uint64_t cache_misses() const { return cache_.misses(); }
   uint64_t prefetch_loads() const { return prefetch_loads_.load(std::memory_order_relaxed); }
+  // The chunks a read decoded itself, found neither cached nor being prefetched: each one a
+  // read that waited for the pack because prefetch had not kept ahead of it.
+  uint64_t read_loads() const { return read_loads_.load(std::memory_order_relaxed); }
 
  private:
   friend class ContentWriter;
@@ -398,6 +401,7 @@ class Store {
   ByteBudget inflight_;
   std::unique_ptr<WorkerPool> pool_;
   mutable std::atomic<uint64_t> prefetch_loads_{0};
+  mutable std::atomic<uint64_t> read_loads_{0};
 
   // Lock order: gc_run_mu_, then gc_mu_, then mu_ (then the reader's own locks).
   std::mutex gc_run_mu_;             // one Gc() at a time
