@@ -358,8 +358,63 @@ CKPTFS_TARGET_AVX512 void JoinAvx512(PlaneLayout l, const PlanePointers& planes,
                                      const std::byte* base, MutableBytes out) {
   JoinBody(l, planes, base, out);
 }
+// The planes of a whole piece (no delta) of width 4 or 2, rotated or not, joined 32 elements a
+// round with byte and word unpacks: what a newest version's restore decodes most. The compiler
+// vectorised JoinTyped by widening every byte to its element's lane and shifting it into place
+// (~1.3 GB/s of a restore's cold pieces in perf). Returns how many elements it joined (a
+// multiple of 32); JoinBody's loops do the rest.
+CKPTFS_TARGET_AVX2 size_t JoinWholeAvx2(uint8_t width, bool rotated, const PlanePointers& planes,
+                                        size_t elements, std::byte* out) {
+  size_t i = 0;
+  auto* o = reinterpret_cast<__m256i*>(out);
+  const __m256i* p[4] = {};  // plane j's next 32 bytes (no lambda: it would not be AVX2 code)
+  for (size_t j = 0; j < width && j < 4; ++j) p[j] = reinterpret_cast<const __m256i*>(planes[j]);
+  if (width == 4) {
+    for (; i + 32 <= elements; i += 32, o += 4) {
+      const __m256i b0 = _mm256_loadu_si256(p[0]++), b1 = _mm256_loadu_si256(p[1]++);
+      const __m256i b2 = _mm256_loadu_si256(p[2]++), b3 = _mm256_loadu_si256(p[3]++);
+      // Within each 128-bit lane: bytes of planes 0/1 and 2/3 paired, then the pairs paired.
+      const __m256i lo01 = _mm256_unpacklo_epi8(b0, b1), hi01 = _mm256_unpackhi_epi8(b0, b1);
+      const __m256i lo23 = _mm256_unpacklo_epi8(b2, b3), hi23 = _mm256_unpackhi_epi8(b2, b3);
+      __m256i e0 = _mm256_unpacklo_epi16(lo01, lo23);  // elements 0-3 | 16-19
+      __m256i e1 = _mm256_unpackhi_epi16(lo01, lo23);  // 4-7 | 20-23
+      __m256i e2 = _mm256_unpacklo_epi16(hi01, hi23);  // 8-11 | 24-27
+      __m256i e3 = _mm256_unpackhi_epi16(hi01, hi23);  // 12-15 | 28-31
+      if (rotated) {
+        e0 = _mm256_or_si256(_mm256_srli_epi32(e0, 1), _mm256_slli_epi32(e0, 31));
+        e1 = _mm256_or_si256(_mm256_srli_epi32(e1, 1), _mm256_slli_epi32(e1, 31));
+        e2 = _mm256_or_si256(_mm256_srli_epi32(e2, 1), _mm256_slli_epi32(e2, 31));
+        e3 = _mm256_or_si256(_mm256_srli_epi32(e3, 1), _mm256_slli_epi32(e3, 31));
+      }
+      _mm256_storeu_si256(o + 0, _mm256_permute2x128_si256(e0, e1, 0x20));
+      _mm256_storeu_si256(o + 1, _mm256_permute2x128_si256(e2, e3, 0x20));
+      _mm256_storeu_si256(o + 2, _mm256_permute2x128_si256(e0, e1, 0x31));
+      _mm256_storeu_si256(o + 3, _mm256_permute2x128_si256(e2, e3, 0x31));
+    }
+  } else if (width == 2) {
+    for (; i + 32 <= elements; i += 32, o += 2) {
+      const __m256i b0 = _mm256_loadu_si256(p[0]++), b1 = _mm256_loadu_si256(p[1]++);
+      __m256i lo = _mm256_unpacklo_epi8(b0, b1);  // elements 0-7 | 16-23
+      __m256i hi = _mm256_unpackhi_epi8(b0, b1);  // 8-15 | 24-31
+      if (rotated) {
+        lo = _mm256_or_si256(_mm256_srli_epi16(lo, 1), _mm256_slli_epi16(lo, 15));
+        hi = _mm256_or_si256(_mm256_srli_epi16(hi, 1), _mm256_slli_epi16(hi, 15));
+      }
+      _mm256_storeu_si256(o + 0, _mm256_permute2x128_si256(lo, hi, 0x20));
+      _mm256_storeu_si256(o + 1, _mm256_permute2x128_si256(lo, hi, 0x31));
+    }
+  }
+  return i;
+}
+
 CKPTFS_TARGET_AVX2 void JoinAvx2(PlaneLayout l, const PlanePointers& planes, const std::byte* base,
                                  MutableBytes out) {
+  if (l.t == Transform::kPlanes && l.scale == 0 && (l.width == 4 || l.width == 2)) {
+    const size_t done = JoinWholeAvx2(l.width, l.rotated, planes, out.size() / l.width, out.data());
+    PlanePointers rest = planes;  // the tail's pointer, at [width], stays
+    for (size_t j = 0; j < l.width; ++j) rest[j] += done;
+    return JoinBody(l, rest, base, out.subspan(done * l.width));
+  }
   JoinBody(l, planes, base, out);
 }
 #endif

@@ -747,6 +747,9 @@ TEST(PieceCodecTest, EveryVectorLevelWritesAndReadsTheSameBytes) {
   }
   cases.push_back({"fp32 moment", RowColumnMoment(4, 300, 1000, 999, 3, 8, true), Buffer(), 4});
   cases.push_back({"bf16 moment", RowColumnMoment(2, 700, 384, 0, 1, 9), Buffer(), 2});
+  // Rotated planes (random signs), whole rounds of 32 elements and a rest of 1..31 and a tail.
+  cases.push_back({"fp32 weights", SpecialWeights(4, (64 << 10) * 4 + 29 * 4 + 3, 3), Buffer(), 4});
+  cases.push_back({"bf16 weights", SpecialWeights(2, (64 << 10) * 2 + 17 * 2 + 1, 4), Buffer(), 2});
   std::mt19937_64 rng(12);
   for (uint8_t width : {1, 2, 3, 4, 8}) {
     std::vector<uint8_t> a(100003), b(a.size());
