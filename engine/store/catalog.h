@@ -66,6 +66,9 @@ struct ChunkRow {
   // Records decoded to rebuild the chunk, at most: 1 + the base's depth when it was written
   // (gc may store a base whole again, which only shortens the chains above it).
   uint8_t depth = 1;
+
+  // A whole record of the raw bytes: no transform, no codec.
+  bool stored_raw() const { return transform == Transform::kPlain && codec == Codec::kNone; }
 };
 
 struct PackRow {

@@ -99,11 +99,6 @@ struct Candidate {
   bool has_b = true;
 };
 
-// A whole record stored raw, which the codec may shrink.
-bool StoredRaw(const ChunkRow& row) {
-  return row.transform == Transform::kPlain && row.codec == Codec::kNone;
-}
-
 struct Swap {
   Candidate c;
   std::optional<ChunkRow> x_whole;  // X's new whole record (none where X was written whole)
@@ -274,14 +269,11 @@ Status Store::ReverseDeltas(ContentId id) {
           }
           return true;
         }));
-    const bool can_compress = options_.codec->codec != Codec::kNone || options_.codec->entropy;
     for (const auto& [x, b] : pairs) {
       if (x == b) continue;
       CKPTFS_ASSIGN_OR_RETURN(std::optional<ChunkRow> row, txn.GetChunk(x));
       if (!row || IsDelta(row->transform)) continue;
-      // (Smaller pieces stored raw were written by an encoder that found them incompressible.)
-      const bool compress_x =
-          can_compress && StoredRaw(*row) && row->raw_len >= options_.compress_behind_min_bytes;
+      const bool compress_x = row->stored_raw() && CompressibleBehind(row->raw_len);
       std::optional<ChunkRow> base;
       if (b) {
         CKPTFS_ASSIGN_OR_RETURN(base, txn.GetChunk(*b));

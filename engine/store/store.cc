@@ -346,10 +346,13 @@ bool Store::WritesWhole(const ChunkRow& base_row) const {
   return reencoder_.joinable() && !IsDelta(base_row.transform);
 }
 
-bool Store::CompressesBehind(uint64_t raw_len) const {
-  return options_.compress_behind && raw_len >= options_.compress_behind_min_bytes &&
-         reencoder_.joinable() &&
+bool Store::CompressibleBehind(uint64_t raw_len) const {
+  return raw_len >= options_.compress_behind_min_bytes &&
          (options_.codec->codec != Codec::kNone || options_.codec->entropy);
+}
+
+bool Store::CompressesBehind(uint64_t raw_len) const {
+  return options_.compress_behind && reencoder_.joinable() && CompressibleBehind(raw_len);
 }
 
 void Store::Unpin(const ChunkId& id) {
@@ -419,8 +422,7 @@ Result<ContentId> Store::CommitContent(
         // (and compresses this piece first if it was written raw).
         new_deltas = true;
         CKPTFS_RETURN_IF_ERROR(MarkReverseBase(txn, id, ref.id, *reverse_base));
-      } else if (CompressesBehind(row->raw_len) && row->transform == Transform::kPlain &&
-                 row->codec == Codec::kNone) {
+      } else if (CompressesBehind(row->raw_len) && row->stored_raw()) {
         // Written raw, without a base: the re-encoder compresses it.
         new_deltas = true;
         CKPTFS_RETURN_IF_ERROR(MarkReverseBase(txn, id, ref.id, std::nullopt));

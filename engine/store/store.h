@@ -325,8 +325,13 @@ class Store {
   // delta to the re-encoder (reverse deltas on and the base whole: the newest version is
   // whole in the end, so a forward delta now would be encoded only to be replaced).
   bool WritesWhole(const ChunkRow& base_row) const;
+  // Whether a whole piece of raw_len bytes that is stored raw is one for the re-encoder to
+  // compress: at least compress_behind_min_bytes (smaller ones stored raw were written by an
+  // encoder that found them incompressible), and a codec that compresses. Whatever the store's
+  // compress_behind now: pieces an earlier mount left raw are compressed too.
+  bool CompressibleBehind(uint64_t raw_len) const;
   // Whether a whole piece of raw_len bytes is written raw, for the re-encoder to compress
-  // (compress_behind, and the piece at least compress_behind_min_bytes).
+  // (compress_behind on, a re-encoder running, and CompressibleBehind).
   bool CompressesBehind(uint64_t raw_len) const;
   // Pins a chunk that is stored (committed or pinned); nullopt when it is not.
   Result<std::optional<ChunkRow>> PinIfStored(const ChunkId& id);

@@ -224,6 +224,42 @@ uint32_t NewestDepth(Store& store, ContentId id) {
   return e.ok() ? e->max_depth : 0;
 }
 
+// Holds the re-encoder before it commits its `hold_at`-th batch (and any later one) until
+// Release(): what a test sees between the writer's commit and the re-encoder's. Declare it
+// before the store it is installed in. A hold ends by itself after 60 s, so that a test that
+// fails while it holds does not hang in the store's destructor.
+class ReencoderGate {
+ public:
+  explicit ReencoderGate(int hold_at) : hold_at_(hold_at) {}
+  void Install(StoreOptions* options) {
+    options->before_reencode_commit = [this] {
+      std::unique_lock lock(mu_);
+      if (++calls_ < hold_at_) return;
+      cv_.notify_all();
+      cv_.wait_for(lock, std::chrono::seconds(60), [&] { return released_; });
+    };
+  }
+  // Whether the re-encoder reached the held batch within 60 s.
+  bool WaitHeld() {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(60), [&] { return calls_ >= hold_at_; });
+  }
+  void Release() {
+    {
+      std::lock_guard lock(mu_);
+      released_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  const int hold_at_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int calls_ = 0;
+  bool released_ = false;
+};
+
 TEST_F(DeltaTest, ReverseDeltasReadTheNewestVersionInOneRecordPerPiece) {
   StoreOptions forward_options = DeltaOptions(8);
   uint64_t forward_bytes = 0;
@@ -283,31 +319,16 @@ TEST_F(DeltaTest, WithReverseDeltasTheWriterStoresWholeAndTheReencoderOnlyTheBas
   StoreOptions options = DeltaOptions(8, /*reverse=*/true);
   options.compress_behind = false;          // whole pieces encoded by the writer (the next test)
   options.reencode_batch_bytes = 1u << 30;  // one batch, one hook call per version
-  std::mutex mu;
-  std::condition_variable cv;
-  int calls = 0;
-  bool release = false;
-  options.before_reencode_commit = [&] {
-    std::unique_lock lock(mu);
-    if (++calls < 2) return;  // version 1 against the anchor: let it through
-    cv.notify_all();
-    cv.wait(lock, [&] { return release; });
-  };
+  ReencoderGate gate(/*hold_at=*/2);        // version 1 against the anchor: let it through
+  gate.Install(&options);
   auto store = OpenStore(dir_.path(), options);
   ASSERT_TRUE(store);
   ASSERT_OK_AND_ASSIGN(std::vector<ContentId> ids,
                        StoreChain(*store, {files_[0], files_[1], files_[2]}));
-  {
-    std::unique_lock lock(mu);
-    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(60), [&] { return calls >= 2; }));
-  }
+  ASSERT_TRUE(gate.WaitHeld());
   // The re-encoder holds version 2's batch: every version is whole, none was a delta.
   for (int v = 0; v < 3; ++v) EXPECT_EQ(NewestDepth(*store, ids[v]), 1u) << "version " << v;
-  {
-    std::lock_guard lock(mu);
-    release = true;
-  }
-  cv.notify_all();
+  gate.Release();
   store->WaitReencoded();
   EXPECT_EQ(NewestDepth(*store, ids[0]), 1u) << "the anchor stays whole";
   EXPECT_EQ(NewestDepth(*store, ids[1]), 2u) << "a delta against version 2";
@@ -342,23 +363,12 @@ TEST_F(DeltaTest, CompressBehindWritesRawPiecesThatTheReencoderCompresses) {
   ASSERT_TRUE(options.compress_behind) << "the default";
   options.compress_behind_min_bytes = 0;    // these test files' pieces are small
   options.reencode_batch_bytes = 1u << 30;  // one batch, one hook call per version
-  std::mutex mu;
-  std::condition_variable cv;
-  bool held = false, release = false;
-  options.before_reencode_commit = [&] {  // holds the first version's compression
-    std::unique_lock lock(mu);
-    if (held) return;
-    held = true;
-    cv.notify_all();
-    cv.wait(lock, [&] { return release; });
-  };
+  ReencoderGate gate(/*hold_at=*/1);        // holds the first version's compression
+  gate.Install(&options);
   auto store = OpenStore(dir_.path(), options);
   ASSERT_TRUE(store);
   ASSERT_OK_AND_ASSIGN(std::vector<ContentId> ids, StoreChain(*store, files_));
-  {
-    std::unique_lock lock(mu);
-    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(60), [&] { return held; }));
-  }
+  ASSERT_TRUE(gate.WaitHeld());
   // Before the re-encoder: every version as written, raw, and readable.
   for (int v = 0; v < kVersions; ++v) {
     ASSERT_OK_AND_ASSIGN(ContentEncoding e, store->DescribeContent(ids[v]));
@@ -366,11 +376,7 @@ TEST_F(DeltaTest, CompressBehindWritesRawPiecesThatTheReencoderCompresses) {
     EXPECT_EQ(e.max_depth, 1u) << "version " << v << " whole";
     EXPECT_TRUE(ContentEquals(*store, ids[v], files_[v])) << "version " << v;
   }
-  {
-    std::lock_guard lock(mu);
-    release = true;
-  }
-  cv.notify_all();
+  gate.Release();
   store->WaitReencoded();
   for (int v = 0; v < kVersions; ++v) {
     ASSERT_OK_AND_ASSIGN(ContentEncoding e, store->DescribeContent(ids[v]));
@@ -392,32 +398,17 @@ TEST_F(DeltaTest, PiecesBelowTheCompressBehindMinimumAreEncodedAsWritten) {
   StoreOptions options = DeltaOptions(8, /*reverse=*/true);
   options.compress_behind_min_bytes = 1u << 30;  // above every piece here
   options.reencode_batch_bytes = 1u << 30;
-  std::mutex mu;
-  std::condition_variable cv;
-  bool held = false, release = false;
-  options.before_reencode_commit = [&] {
-    std::unique_lock lock(mu);
-    if (held) return;
-    held = true;
-    cv.notify_all();
-    cv.wait(lock, [&] { return release; });
-  };
+  ReencoderGate gate(/*hold_at=*/1);
+  gate.Install(&options);
   auto store = OpenStore(dir_.path(), options);
   ASSERT_TRUE(store);
   ASSERT_OK_AND_ASSIGN(std::vector<ContentId> ids, StoreChain(*store, files_));
-  {
-    std::unique_lock lock(mu);
-    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(60), [&] { return held; }));
-  }
+  ASSERT_TRUE(gate.WaitHeld());
   for (int v = 0; v < kVersions; ++v) {
     ASSERT_OK_AND_ASSIGN(ContentEncoding e, store->DescribeContent(ids[v]));
     EXPECT_LT(e.record_bytes, e.raw_bytes) << "version " << v << " encoded as written";
   }
-  {
-    std::lock_guard lock(mu);
-    release = true;
-  }
-  cv.notify_all();
+  gate.Release();
   store->WaitReencoded();
   for (int v = 0; v < kVersions; ++v) {
     EXPECT_TRUE(ContentEquals(*store, ids[v], files_[v])) << "version " << v;
