@@ -20,13 +20,14 @@ struct PackWriter::InflightWrite {
   std::shared_ptr<FileDescriptor> fd;
   std::byte header[kRecordHeaderBytes + kChunkIdBytes];  // the record header, then a delta's base
   size_t header_len = kRecordHeaderBytes;
-  Buffer payload;
-  bool writeback_only = false;  // a sync_file_range request, not a record
+  std::shared_ptr<const Buffer> payload;  // never null for a record
+  bool writeback_only = false;            // a sync_file_range request, not a record
   iovec iov[2];
-  size_t total() const { return header_len + payload.size(); }
+  Bytes bytes() const { return payload ? payload->bytes() : Bytes{}; }
+  size_t total() const { return header_len + bytes().size(); }
   // What the queue holds in memory: a codec's output buffer may be far larger than the
   // payload in it (sized for the raw chunk, holding a delta of a fifth of it).
-  size_t memory() const { return header_len + payload.capacity(); }
+  size_t memory() const { return header_len + (payload ? payload->capacity() : 0); }
 };
 
 namespace {
@@ -102,14 +103,21 @@ Status PackWriter::StartPack(uint32_t id, std::optional<uint64_t> resume_length)
 
 Result<PackLocation> PackWriter::Append(const RecordHeader& header, Buffer payload,
                                         const std::optional<ChunkId>& delta_base) {
+  return Append(header, std::make_shared<const Buffer>(std::move(payload)), delta_base);
+}
+
+Result<PackLocation> PackWriter::Append(const RecordHeader& header,
+                                        std::shared_ptr<const Buffer> payload,
+                                        const std::optional<ChunkId>& delta_base) {
+  if (payload == nullptr) return Status::InvalidArgument("record without a payload buffer");
   const size_t header_len = kRecordHeaderBytes + (delta_base ? kChunkIdBytes : 0);
-  if (header.stored_len != header_len - kRecordHeaderBytes + payload.size()) {
+  if (header.stored_len != header_len - kRecordHeaderBytes + payload->size()) {
     return Status::InvalidArgument("record header does not match its payload's length");
   }
   MutexLock lock(mu_);
   if (uring_ok_) CKPTFS_RETURN_IF_ERROR(Reap(false));
   PackState* st = active_ ? &State(active_) : nullptr;
-  size_t total = header_len + payload.size();
+  size_t total = header_len + payload->size();
   bool full = st && st->length + total > options_.target_bytes && st->length > kPackHeaderBytes;
   if (!st || full || st->failed_at != UINT64_MAX) {
     if (st) CKPTFS_RETURN_IF_ERROR(RotateLocked());
@@ -140,8 +148,10 @@ Status PackWriter::SubmitWrite(std::unique_ptr<InflightWrite> write) {
     io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
     if (sqe != nullptr) {
       write->iov[0] = {write->header, write->header_len};
-      write->iov[1] = {write->payload.data(), write->payload.size()};
-      io_uring_prep_writev(sqe, write->fd->get(), write->iov, write->payload.empty() ? 1 : 2,
+      const Bytes payload = write->bytes();
+      // The kernel only reads from the payload: const_cast for iovec's non-const pointer.
+      write->iov[1] = {const_cast<std::byte*>(payload.data()), payload.size()};
+      io_uring_prep_writev(sqe, write->fd->get(), write->iov, payload.empty() ? 1 : 2,
                            write->offset);
       queued_bytes_ += write->memory();
       io_uring_sqe_set_data(sqe, write.release());  // owned by the ring until Reap()
@@ -153,7 +163,7 @@ Status PackWriter::SubmitWrite(std::unique_ptr<InflightWrite> write) {
   }
   // pwrite path (also when the ring has no free entry).
   Status s = PWriteRest(write->fd->get(), write->offset, {write->header, write->header_len},
-                        write->payload.bytes(), 0, State(write->pack_id).path);
+                        write->bytes(), 0, State(write->pack_id).path);
   Complete(write.get(), s.ok() ? static_cast<int>(write->total()) : -s.ToErrno());
   if (!s.ok()) last_error_ = s;
   return s;
@@ -183,9 +193,8 @@ Status PackWriter::Reap(bool wait_one) {
     queued_bytes_ -= write->memory();
     if (res >= 0 && static_cast<size_t>(res) < write->total()) {
       // Short write: finish it synchronously.
-      Status s =
-          PWriteRest(write->fd->get(), write->offset, {write->header, write->header_len},
-                     write->payload.bytes(), static_cast<size_t>(res), State(write->pack_id).path);
+      Status s = PWriteRest(write->fd->get(), write->offset, {write->header, write->header_len},
+                            write->bytes(), static_cast<size_t>(res), State(write->pack_id).path);
       res = s.ok() ? static_cast<int>(write->total()) : -s.ToErrno();
     }
     if (res < 0) {

@@ -69,6 +69,10 @@ class PackWriter {
   // while the queue of such writes holds Options::queue_bytes, Append waits for completions.
   Result<PackLocation> Append(const RecordHeader& header, Buffer payload,
                               const std::optional<ChunkId>& delta_base = std::nullopt);
+  // The same, with a payload shared with others (the chunk cache): kept until written, never
+  // changed.
+  Result<PackLocation> Append(const RecordHeader& header, std::shared_ptr<const Buffer> payload,
+                              const std::optional<ChunkId>& delta_base = std::nullopt);
   // Returns once every record appended before the call is on disk or known to have failed.
   Status Sync();
   // Returns once every record appended before the call has been written (not necessarily

@@ -95,6 +95,26 @@ TEST_P(PackWriterTest, AQueueSmallerThanOneRecordStillWritesEveryRecord) {
   }
 }
 
+TEST_P(PackWriterTest, ASharedPayloadIsWrittenAndLeftAsItWas) {
+  // The store shares a raw piece between the chunk cache and the record's write: both see the
+  // same bytes, and the writer drops its reference once written.
+  auto w = Open(16u << 20);
+  auto payload = std::make_shared<const Buffer>(RandomBuffer(700000, 9));
+  const Buffer copy(payload->bytes());
+  const RecordHeader header =
+      RecordHeader::For(ChunkId::Of(payload->bytes()), static_cast<uint32_t>(payload->size()),
+                        PieceEncoding{}, payload->bytes());
+  auto loc = w->Append(header, payload);
+  ASSERT_TRUE(loc.ok()) << loc.status().ToString();
+  ASSERT_TRUE(w->Sync().ok());
+  EXPECT_EQ(payload.use_count(), 1) << "the writer keeps no reference once written";
+  Buffer on_disk = ReadAt(*loc);
+  ASSERT_EQ(on_disk.size(), kRecordHeaderBytes + copy.size());
+  EXPECT_EQ(std::memcmp(on_disk.data() + kRecordHeaderBytes, copy.data(), copy.size()), 0);
+  EXPECT_EQ(std::memcmp(payload->data(), copy.data(), copy.size()), 0);
+  EXPECT_FALSE(w->Append(header, std::shared_ptr<const Buffer>()).ok()) << "no payload buffer";
+}
+
 INSTANTIATE_TEST_SUITE_P(IoUringAndPwrite, PackWriterTest, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "io_uring" : "pwrite"; });
 

@@ -315,18 +315,17 @@ Result<ChunkRow> Store::PutChunk(const ChunkId& id, Buffer raw, const PieceHint&
   // from the header's buffer, so the encoded bytes are not copied behind it.
   std::optional<ChunkId> delta_base;
   if (delta) delta_base = hint.base->first;
-  Buffer payload;
-  if (delta || !piece.stored_raw()) payload = std::move(piece.stored);
+  const bool encoded = delta || !piece.stored_raw();
   const uint32_t raw_len = static_cast<uint32_t>(raw.size());
-  if (hint.cache) {
-    if (payload.empty() && !raw.empty()) payload = Buffer(raw.bytes());  // raw is cached too
-    cache_.Insert(id, std::make_shared<const Buffer>(std::move(raw)));
-  } else if (payload.empty()) {
-    payload = std::move(raw);  // stored as it is: no copy
-  }
+  // The record's payload: the encoded bytes, or the raw ones as they are (no copy), which the
+  // cache and the pack write share when the piece is cached too.
+  std::shared_ptr<const Buffer> payload =
+      std::make_shared<const Buffer>(encoded ? std::move(piece.stored) : std::move(raw));
+  if (hint.cache)
+    cache_.Insert(id, encoded ? std::make_shared<const Buffer>(std::move(raw)) : payload);
   const RecordHeader header =
-      delta ? RecordHeader::ForDelta(id, raw_len, piece.encoding, *delta_base, payload.bytes())
-            : RecordHeader::For(id, raw_len, piece.encoding, payload.bytes());
+      delta ? RecordHeader::ForDelta(id, raw_len, piece.encoding, *delta_base, payload->bytes())
+            : RecordHeader::For(id, raw_len, piece.encoding, payload->bytes());
   // Appended and pinned under gc_mu_, so that gc never finds a record neither pinned nor
   // committed in a pack it is about to rewrite.
   std::shared_lock gc(gc_mu_);
