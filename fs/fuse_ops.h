@@ -6,7 +6,10 @@
 //   fuse_session* se = fuse_session_new(&args, &FuseOps(), sizeof(fuse_lowlevel_ops), fs);
 #pragma once
 
-#define FUSE_USE_VERSION 34
+// 3.12: fuse_session_loop_mt takes the fuse_loop_config of fuse_loop_cfg_create (fs/mount.cc).
+// Below 3.12 it expects the older struct, reads that config's fields at the wrong offsets and
+// starts a thread per request (docs/fs.md, "Tuning choices").
+#define FUSE_USE_VERSION 312
 #include <fuse_lowlevel.h>
 
 #include <string>

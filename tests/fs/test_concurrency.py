@@ -142,5 +142,52 @@ class ConcurrentRanksTest(mounted.MountedTestCase):
         self.assertIn("no problems", mounted.ckptfs("verify", self.store).stdout)
 
 
+def request_threads(pid):
+    """The daemon's libfuse request threads (unnamed: they keep the process's name) by id."""
+    out = set()
+    for tid in os.listdir("/proc/%d/task" % pid):
+        try:
+            with open("/proc/%d/task/%s/comm" % (pid, tid)) as f:
+                if f.read().strip() == "ckptfs":
+                    out.add(int(tid))
+        except FileNotFoundError:  # exited meanwhile
+            pass
+    return out
+
+
+class RequestThreadsTest(mounted.MountedTestCase):
+    def test_request_threads_serve_many_requests(self):
+        """libfuse's request threads are a pool: a thread serves request after request. (Built
+        against the pre-3.12 loop API with a 3.12 config, libfuse read the config's version tag
+        as clone_fd and its clone_fd as max_idle_threads = 0: every request started a thread,
+        which cloned /dev/fuse, and ended it; a quarter of the daemon's CPU on saves.)"""
+        path = os.path.join(self.version_dir(), "file.bin")
+        data = payload(7, 64 * MiB)
+        with open(path, "wb") as f:
+            f.write(data)
+        mounted.ckptfs("sync", self.mnt)
+        pid = int(os.getxattr(self.mnt, "user.ckptfs.pid"))
+
+        def read_cold():
+            with open(path, "rb") as f:
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+                got = bytearray()
+                while True:  # 1 MiB reads: one FUSE request each, the page cache dropped
+                    b = f.read(MiB)
+                    if not b:
+                        break
+                    got += b
+            self.assertEqual(sha(bytes(got)), sha(data))
+
+        read_cold()
+        before = request_threads(pid)
+        self.assertTrue(before, "no request threads found")
+        read_cold()
+        after = request_threads(pid)
+        self.assertLessEqual(before, after,
+                             "request threads ended after serving requests: %s before, %s after"
+                             % (sorted(before), sorted(after)))
+
+
 if __name__ == "__main__":
     mounted.main()
