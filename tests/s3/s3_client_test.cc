@@ -3,22 +3,25 @@
 //
 // Environment from the driver: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL,
 // S3_TEST_BUCKET (created), RGW_PID (the gateway, for SIGSTOP/SIGCONT).
+#include "engine/objstore/s3_client.h"
+
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
-#include <netinet/in.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <random>
+#include <string>
 #include <thread>
 
 #include "engine/objstore/remote_packs.h"
-#include "engine/objstore/s3_client.h"
 #include "engine/objstore/sigv4.h"
 #include "engine/store/record.h"
 
@@ -247,6 +250,28 @@ TEST_F(S3ClientTest, ConnectionRefusedIsRetriedThenReported) {
 // the stalled request times out, is retried with backoff, and succeeds. (libcurl's low-speed
 // check works in whole seconds of its own progress updates: with a 2.5 s pause, the 1 s stall
 // limit once did not fire before the gateway answered, on a loaded 2-core CI machine.)
+// True once every thread of `pid` is stopped (state T in /proc/PID/task/*/stat), polled until
+// `timeout`.
+bool WaitUntilStopped(pid_t pid, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const std::filesystem::path tasks = "/proc/" + std::to_string(pid) + "/task";
+  while (std::chrono::steady_clock::now() < deadline) {
+    bool all = true;
+    std::error_code ec;
+    for (const auto& task : std::filesystem::directory_iterator(tasks, ec)) {
+      std::ifstream stat(task.path() / "stat");
+      std::string line;
+      std::getline(stat, line);
+      const size_t paren = line.rfind(')');  // the name may hold spaces
+      if (paren == std::string::npos || paren + 2 >= line.size()) continue;  // exited
+      if (line[paren + 2] != 'T' && line[paren + 2] != 't') all = false;
+    }
+    if (!ec && all) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
+}
+
 TEST_F(S3ClientTest, StalledGatewayIsRetriedUntilItAnswers) {
   pid_t rgw = static_cast<pid_t>(std::atoi(Env("RGW_PID").c_str()));
   if (rgw <= 0) GTEST_SKIP() << "RGW_PID not given";
@@ -257,15 +282,23 @@ TEST_F(S3ClientTest, StalledGatewayIsRetriedUntilItAnswers) {
   std::string data = RandomBytes(1 << 20, 4);
   ASSERT_TRUE(c->Put(bucket_, prefix_ + "k", AsBytes(data)).ok());
   ASSERT_EQ(::kill(rgw, SIGSTOP), 0);
+  // kill() returns before the gateway's threads have stopped; a GET sent meanwhile may be
+  // answered at once (test.sh saw 0 retries twice, with a 2.5 s and a 5 s pause). Every
+  // thread is stopped first.
+  const bool stopped = WaitUntilStopped(rgw, std::chrono::seconds(5));
+  const auto t0 = std::chrono::steady_clock::now();
   std::thread resume([rgw] {
     std::this_thread::sleep_for(std::chrono::milliseconds(5000));
     ::kill(rgw, SIGCONT);
   });
   Result<Buffer> back = c->Get(bucket_, prefix_ + "k");
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   resume.join();
+  ASSERT_TRUE(stopped) << "radosgw (pid " << rgw << ") did not stop within 5 s of SIGSTOP";
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_TRUE(Str(*back) == data);
-  EXPECT_GE(c->stats().retries, 1u);
+  EXPECT_GE(c->stats().retries, 1u) << "the GET took " << seconds << " s";
 }
 
 TEST_F(S3ClientTest, ConcurrentCallersShareTheClient) {
