@@ -1,9 +1,17 @@
 #include "engine/hash/chunk_id.h"
 
 #include <openssl/sha.h>
+// The XXH3 state type, for a streamed checksum on the stack.
+#define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
 
+#include "engine/codec/vector_level.h"
+
 namespace ckptfs {
+namespace hash_internal {
+// engine/hash/xxh3_avx2.cc (compiled for AVX2): XXH3-64 of a followed by b.
+unsigned long long Xxh3Avx2(const void* a, size_t a_len, const void* b, size_t b_len);
+}  // namespace hash_internal
 
 ChunkId ChunkId::Of(Bytes data) {
   ChunkId id;
@@ -37,6 +45,21 @@ bool ChunkId::FromHex(std::string_view hex, ChunkId* out) {
   return true;
 }
 
-uint64_t Checksum64(Bytes data) { return XXH3_64bits(data.data(), data.size()); }
+uint64_t Checksum64(Bytes data) { return Checksum64(data, {}); }
+
+uint64_t Checksum64(Bytes a, Bytes b) {
+#if defined(__x86_64__)
+  if (CodecVectorLevelInUse() >= CodecVectorLevel::kAvx2) {
+    return hash_internal::Xxh3Avx2(a.data(), a.size(), b.data(), b.size());
+  }
+#endif
+  if (b.empty()) return XXH3_64bits(a.data(), a.size());
+  XXH3_state_t state;
+  XXH3_INITSTATE(&state);
+  XXH3_64bits_reset(&state);
+  XXH3_64bits_update(&state, a.data(), a.size());
+  XXH3_64bits_update(&state, b.data(), b.size());
+  return XXH3_64bits_digest(&state);
+}
 
 }  // namespace ckptfs

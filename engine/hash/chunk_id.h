@@ -31,8 +31,12 @@ struct ChunkId {
   friend auto operator<=>(const ChunkId&, const ChunkId&) = default;
 };
 
-// XXH3-64 of data (the checksum every stored record carries).
+// XXH3-64 of data (the checksum every stored record carries), and of a followed by b (a record
+// whose payload is written as two parts), without joining them. With xxHash's AVX2 kernel where
+// the CPU has AVX2 and the codec's vector level allows it (engine/codec/vector_level.h; the
+// same hash either way).
 uint64_t Checksum64(Bytes data);
+uint64_t Checksum64(Bytes a, Bytes b);
 
 }  // namespace ckptfs
 

@@ -1,9 +1,5 @@
 #include "engine/store/record.h"
 
-// The XXH3 state type, for a streamed checksum on the stack.
-#define XXH_STATIC_LINKING_ONLY
-#include <xxhash.h>
-
 #include <cstdio>
 
 #include "engine/util/coding.h"
@@ -20,13 +16,9 @@ RecordHeader RecordHeader::ForDelta(const ChunkId& id, uint32_t raw_len,
                                     Bytes encoded) {
   RecordHeader h = For(id, raw_len, encoding, {});
   h.stored_len = static_cast<uint32_t>(kChunkIdBytes + encoded.size());
-  // XXH3-64 of base id + encoded, streamed: equal to Checksum64 of the joined payload.
-  XXH3_state_t state;
-  XXH3_INITSTATE(&state);
-  XXH3_64bits_reset(&state);
-  XXH3_64bits_update(&state, base.bytes.data(), kChunkIdBytes);
-  XXH3_64bits_update(&state, encoded.data(), encoded.size());
-  h.payload_checksum = XXH3_64bits_digest(&state);
+  // XXH3-64 of base id + encoded: equal to Checksum64 of the joined payload.
+  h.payload_checksum = Checksum64(
+      Bytes(reinterpret_cast<const std::byte*>(base.bytes.data()), kChunkIdBytes), encoded);
   return h;
 }
 
