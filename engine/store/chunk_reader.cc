@@ -78,8 +78,13 @@ void ChunkReader::WillNeed(std::vector<ChunkRow> rows) const {
     }
     auto fd = PackFd(pack);
     if (fd.ok()) {
-      (void)::posix_fadvise((*fd)->get(), static_cast<off_t>(begin),
-                            static_cast<off_t>(end - begin), POSIX_FADV_WILLNEED);
+      // In steps: the kernel reads at most max(read_ahead_kb, max_sectors_kb) of the device per
+      // call (force_page_cache_ra), 128 KiB on many disks, and drops the rest of a longer range.
+      for (uint64_t at = begin; at < end; at += kAdviseStep) {
+        (void)::posix_fadvise((*fd)->get(), static_cast<off_t>(at),
+                              static_cast<off_t>(std::min(kAdviseStep, end - at)),
+                              POSIX_FADV_WILLNEED);
+      }
     }
     i = j;
   }

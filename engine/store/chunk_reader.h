@@ -108,6 +108,9 @@ class ChunkReader {
   // ignored (the loads report them). Records a remote source holds go to its WillNeed.
   void WillNeed(std::vector<ChunkRow> rows) const;
   static constexpr uint64_t kReadaheadGap = 256 << 10;
+  // One posix_fadvise call covers at most this much (the kernel's per-call limit can be as low
+  // as 128 KiB; a longer range is cut there, not read).
+  static constexpr uint64_t kAdviseStep = 128 << 10;
 
   // Closes the cached descriptor of a pack (before it is deleted).
   void ForgetPack(uint32_t pack_id);
