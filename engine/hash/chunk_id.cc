@@ -6,6 +6,7 @@
 #include <xxhash.h>
 
 #include "engine/codec/vector_level.h"
+#include "engine/hash/xxh3_two_parts.h"
 
 namespace ckptfs {
 namespace hash_internal {
@@ -53,13 +54,7 @@ uint64_t Checksum64(Bytes a, Bytes b) {
     return hash_internal::Xxh3Avx2(a.data(), a.size(), b.data(), b.size());
   }
 #endif
-  if (b.empty()) return XXH3_64bits(a.data(), a.size());
-  XXH3_state_t state;
-  XXH3_INITSTATE(&state);
-  XXH3_64bits_reset(&state);
-  XXH3_64bits_update(&state, a.data(), a.size());
-  XXH3_64bits_update(&state, b.data(), b.size());
-  return XXH3_64bits_digest(&state);
+  return hash_internal::Xxh3TwoParts(a.data(), a.size(), b.data(), b.size());
 }
 
 }  // namespace ckptfs

@@ -166,7 +166,7 @@ class RequestThreadsTest(mounted.MountedTestCase):
         with open(path, "wb") as f:
             f.write(data)
         mounted.ckptfs("sync", self.mnt)
-        pid = int(os.getxattr(self.mnt, "user.ckptfs.pid"))
+        pid = self.m.pid
 
         def read_cold():
             with open(path, "rb") as f:

@@ -246,10 +246,6 @@ TEST_F(S3ClientTest, ConnectionRefusedIsRetriedThenReported) {
   EXPECT_GE(waited, std::chrono::milliseconds(25 + 50));  // two backoffs, jittered to >= half
 }
 
-// The gateway stops answering (SIGSTOP) in the middle of the test and comes back 5 s later:
-// the stalled request times out, is retried with backoff, and succeeds. (libcurl's low-speed
-// check works in whole seconds of its own progress updates: with a 2.5 s pause, the 1 s stall
-// limit once did not fire before the gateway answered, on a loaded 2-core CI machine.)
 // True once every thread of `pid` is stopped (state T in /proc/PID/task/*/stat), polled until
 // `timeout`.
 bool WaitUntilStopped(pid_t pid, std::chrono::milliseconds timeout) {
@@ -272,6 +268,10 @@ bool WaitUntilStopped(pid_t pid, std::chrono::milliseconds timeout) {
   return false;
 }
 
+// The gateway stops answering (SIGSTOP) in the middle of the test and comes back 5 s later:
+// the stalled request times out, is retried with backoff, and succeeds. (libcurl's low-speed
+// check works in whole seconds of its own progress updates: with a 2.5 s pause, the 1 s stall
+// limit once did not fire before the gateway answered, on a loaded 2-core CI machine.)
 TEST_F(S3ClientTest, StalledGatewayIsRetriedUntilItAnswers) {
   pid_t rgw = static_cast<pid_t>(std::atoi(Env("RGW_PID").c_str()));
   if (rgw <= 0) GTEST_SKIP() << "RGW_PID not given";
