@@ -51,6 +51,16 @@ class LayoutReferenceTest(unittest.TestCase):
                         step[len("global_step"):], f))
                 os.makedirs(os.path.dirname(m.path(rel)), exist_ok=True)
                 shutil.copyfile(os.path.join(self.src, step, f), m.path(rel))
+                # Committed before the next checkpoint starts, as between a trainer's saves:
+                # a file whose predecessor is still committing (back-to-back copies on a
+                # loaded machine) finds no reference by layout and is stored without deltas
+                # (docs/fs.md, "Delta references"); a version directory waits for that anyway,
+                # since creating the next one seals it.
+                fd = os.open(m.path(rel), os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
                 saved.append((os.path.join(self.src, step, f), rel))
         return m, saved
 
