@@ -1,7 +1,9 @@
 #include "engine/store/chunk_reader.h"
 
 #include <fcntl.h>
+#include <spdlog/spdlog.h>
 #include <sys/uio.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -48,6 +50,53 @@ Status PReadTwo(int fd, uint64_t offset, MutableBytes header, MutableBytes paylo
   return Status::OK();
 }
 
+// Offsets, lengths and buffers of O_DIRECT reads are multiples of this: the page size, which
+// covers the logical block size of every common disk (512 or 4096 bytes).
+constexpr uint64_t kDirectAlign = 4096;
+
+// Whether every page of [offset, offset + length) is in the page cache; NotSupported where
+// the kernel cannot tell.
+Result<bool> AllCached(int fd, uint64_t offset, uint64_t length) {
+  CKPTFS_ASSIGN_OR_RETURN(uint64_t cached, PageCacheBytes(fd, offset, length));
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t pages = (offset + length - 1) / page - offset / page + 1;
+  return cached >= pages * page;
+}
+
+// Reads the record at [offset, offset + header.size() + payload's size) with O_DIRECT: the
+// aligned blocks around it into one aligned buffer, which becomes *payload (its bytes() the
+// payload, no copy), the header copied out. End of file is Corruption; EINVAL (the filesystem
+// wants another alignment) is returned as it is, for the caller to fall back.
+Status PReadDirect(int fd, uint64_t offset, MutableBytes header, size_t payload_size,
+                   Buffer* payload) {
+  const uint64_t end = offset + header.size() + payload_size;
+  const uint64_t begin = offset / kDirectAlign * kDirectAlign;
+  const uint64_t block_end = (end + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+  Buffer block = Buffer::InAlignedBlock(kDirectAlign, block_end - begin,
+                                        offset - begin + header.size(), payload_size);
+  MutableBytes blocks = block.block();
+  const uint64_t need = end - begin;
+  uint64_t done = 0;
+  while (done < need) {
+    if (done % kDirectAlign != 0) {  // a short read ended at the end of the file
+      return Status::Corruption("unexpected end of file at " + std::to_string(begin + done));
+    }
+    ssize_t n =
+        ::pread(fd, blocks.data() + done, blocks.size() - done, static_cast<off_t>(begin + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Status::FromErrno(errno, "read");
+    }
+    if (n == 0) {
+      return Status::Corruption("unexpected end of file at " + std::to_string(begin + done));
+    }
+    done += static_cast<uint64_t>(n);
+  }
+  std::memcpy(header.data(), blocks.data() + (offset - begin), header.size());
+  *payload = std::move(block);
+  return Status::OK();
+}
+
 }  // namespace
 
 std::filesystem::path ChunkReader::PackPath(uint32_t pack_id) const {
@@ -76,12 +125,12 @@ void ChunkReader::WillNeed(std::vector<ChunkRow> rows) const {
          ++j) {
       end = std::max(end, rows[j].offset + rows[j].length);
     }
-    auto fd = PackFd(pack);
-    if (fd.ok()) {
+    auto file = OpenPack(pack);
+    if (file.ok() && !(*file)->direct.valid()) {
       // In steps: the kernel reads at most max(read_ahead_kb, max_sectors_kb) of the device per
       // call (force_page_cache_ra), 128 KiB on many disks, and drops the rest of a longer range.
       for (uint64_t at = begin; at < end; at += kAdviseStep) {
-        (void)::posix_fadvise((*fd)->get(), static_cast<off_t>(at),
+        (void)::posix_fadvise((*file)->fd.get(), static_cast<off_t>(at),
                               static_cast<off_t>(std::min(kAdviseStep, end - at)),
                               POSIX_FADV_WILLNEED);
       }
@@ -90,14 +139,50 @@ void ChunkReader::WillNeed(std::vector<ChunkRow> rows) const {
   }
 }
 
-Result<std::shared_ptr<FileDescriptor>> ChunkReader::PackFd(uint32_t pack_id) const {
+Result<std::shared_ptr<const ChunkReader::PackFile>> ChunkReader::OpenPack(uint32_t pack_id) const {
   MutexLock lock(fd_mu_);
   auto it = fds_.find(pack_id);
   if (it != fds_.end()) return it->second;
-  CKPTFS_ASSIGN_OR_RETURN(FileDescriptor fd, OpenFile(PackPath(pack_id), O_RDONLY));
-  auto shared = std::make_shared<FileDescriptor>(std::move(fd));
-  fds_[pack_id] = shared;
-  return shared;
+  auto file = std::make_shared<PackFile>();
+  CKPTFS_ASSIGN_OR_RETURN(file->fd, OpenFile(PackPath(pack_id), O_RDONLY));
+  if (direct_.load(std::memory_order_relaxed)) {
+    auto direct = OpenFile(PackPath(pack_id), O_RDONLY | O_DIRECT);
+    if (direct.ok()) {
+      file->direct = std::move(*direct);
+    } else {
+      spdlog::debug("{}: no direct reads ({}); reading through the page cache",
+                    PackPath(pack_id).string(), direct.status().ToString());
+    }
+  }
+  fds_[pack_id] = file;
+  return std::shared_ptr<const PackFile>(std::move(file));
+}
+
+Status ChunkReader::ReadLocal(const PackFile& pack, const ChunkRow& row, MutableBytes header,
+                              Buffer* payload) const {
+  if (pack.direct.valid() && direct_.load(std::memory_order_relaxed)) {
+    auto cached = AllCached(pack.fd.get(), row.offset, row.length);
+    if (!cached.ok()) {
+      spdlog::info("direct reads off: the kernel cannot tell what is in the page cache ({})",
+                   cached.status().ToString());
+      direct_.store(false, std::memory_order_relaxed);
+    } else if (!*cached) {
+      Status s =
+          PReadDirect(pack.direct.get(), row.offset, header, row.length - header.size(), payload);
+      if (s.ok()) {
+        direct_reads_.fetch_add(1, std::memory_order_relaxed);
+        return s;
+      }
+      if (s.ToErrno() != EINVAL) return s;
+      spdlog::info(
+          "direct reads off: {} refused an aligned O_DIRECT read; reading through the "
+          "page cache",
+          PackPath(row.pack_id).string());
+      direct_.store(false, std::memory_order_relaxed);
+    }
+  }
+  *payload = Buffer(row.length - header.size());
+  return PReadTwo(pack.fd.get(), row.offset, header, payload->mutable_bytes());
 }
 
 void ChunkReader::ForgetPack(uint32_t pack_id) {
@@ -113,18 +198,17 @@ Result<CheckedRecord> ChunkReader::ReadRecord(const ChunkId& id, const ChunkRow&
   }
   std::byte header_bytes[kRecordHeaderBytes];
   CheckedRecord record;
-  record.payload = Buffer(row.length - kRecordHeaderBytes);
   Status s;
   if (remote_ && remote_->Holds(row.pack_id, row.offset, row.length)) {
+    record.payload = Buffer(row.length - kRecordHeaderBytes);
     s = remote_->Read(row.pack_id, row.offset, MutableBytes(header_bytes, kRecordHeaderBytes),
                       record.payload.mutable_bytes());
     if (!s.ok()) {
       return s.IsCorruption() ? Status::Corruption(where() + ": " + s.message()) : s;
     }
   } else {
-    CKPTFS_ASSIGN_OR_RETURN(auto fd, PackFd(row.pack_id));
-    s = PReadTwo(fd->get(), row.offset, MutableBytes(header_bytes, kRecordHeaderBytes),
-                 record.payload.mutable_bytes());
+    CKPTFS_ASSIGN_OR_RETURN(auto pack, OpenPack(row.pack_id));
+    s = ReadLocal(*pack, row, MutableBytes(header_bytes, kRecordHeaderBytes), &record.payload);
   }
   if (!s.ok()) {
     const std::string path = PackPath(row.pack_id).string();

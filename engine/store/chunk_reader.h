@@ -15,7 +15,13 @@
 //   row; any mismatch, and any delta base that is missing, inconsistent or cyclic, is
 //   Status::Corruption naming pack and offset. Never wrong bytes.
 // - A record stored raw (codec none, plain) is read straight into the buffer that is returned:
-//   no copy after the pread.
+//   no copy after the read.
+// - Direct reads (DirectReads::kWhereUncached, the Store's default): a record whose bytes are
+//   not all in the page cache (cachestat(2)) is read with O_DIRECT, from the disk into the
+//   record's buffer, with no page-cache pages allocated, filled and copied out, and none
+//   evicted from other files; a cached record (just written, re-encoded, read again) is read
+//   from the page cache as before. Where the kernel or the filesystem offers neither
+//   cachestat nor O_DIRECT, every read goes through the page cache.
 // - A delta's base is rebuilt before its own record is read, so a load holds at most one
 //   record, the base and the result at a time, however long the chain.
 // - Load is single-flight: a second caller for a chunk being decoded waits for that decode.
@@ -65,14 +71,18 @@ struct ChunkSlice {
 
 class ChunkReader {
  public:
+  // How records that are not in the page cache are read (see Guarantees).
+  enum class DirectReads : uint8_t { kOff, kWhereUncached };
   // REQUIRES: catalog and cache outlive the reader. `remote` (may be null): where the records
   // it holds are read from.
   ChunkReader(std::filesystem::path packs_dir, const Catalog* catalog, ChunkCache* cache,
-              std::shared_ptr<const RemoteRecords> remote = nullptr)
+              std::shared_ptr<const RemoteRecords> remote = nullptr,
+              DirectReads direct = DirectReads::kWhereUncached)
       : packs_dir_(std::move(packs_dir)),
         catalog_(catalog),
         cache_(cache),
-        remote_(std::move(remote)) {}
+        remote_(std::move(remote)),
+        direct_(direct == DirectReads::kWhereUncached) {}
   ChunkReader(const ChunkReader&) = delete;
   ChunkReader& operator=(const ChunkReader&) = delete;
 
@@ -105,7 +115,9 @@ class ChunkReader {
   // (POSIX_FADV_WILLNEED over runs of adjacent records, coalesced across gaps up to
   // kReadaheadGap), so that the loads that follow find them in the page cache: one large
   // asynchronous read instead of one small synchronous pread per record. Advisory: errors are
-  // ignored (the loads report them). Records a remote source holds go to its WillNeed.
+  // ignored (the loads report them). Records a remote source holds go to its WillNeed. With
+  // direct reads nothing is advised for local packs: their loads read uncached records from
+  // the disk themselves, and pages read ahead would only be copied out again.
   void WillNeed(std::vector<ChunkRow> rows) const;
   static constexpr uint64_t kReadaheadGap = 256 << 10;
   // One posix_fadvise call covers at most this much (the kernel's per-call limit can be as low
@@ -115,9 +127,11 @@ class ChunkReader {
   // Closes the cached descriptor of a pack (before it is deleted).
   void ForgetPack(uint32_t pack_id);
 
-  // Bytes (and records) read from pack files so far: what readers cost the disk.
+  // Bytes (and records) read from pack files so far: what readers cost the disk; and the
+  // records among them read with O_DIRECT.
   uint64_t read_bytes() const { return read_bytes_.load(std::memory_order_relaxed); }
   uint64_t reads() const { return reads_.load(std::memory_order_relaxed); }
+  uint64_t direct_reads() const { return direct_reads_.load(std::memory_order_relaxed); }
 
  private:
   // The chunks being rebuilt by one read, innermost last: a base that is already on it is a
@@ -135,7 +149,17 @@ class ChunkReader {
                                CacheMode mode) const;
   // The record of `row` decoded; `base` is the decoded base of a delta (else null).
   Result<Buffer> DecodeRecord(const ChunkId& id, const ChunkRow& row, const Buffer* base) const;
-  Result<std::shared_ptr<FileDescriptor>> PackFd(uint32_t pack_id) const;
+  // A pack's descriptors: `direct` (O_DIRECT) is invalid where direct reads are off or the
+  // filesystem refuses them.
+  struct PackFile {
+    FileDescriptor fd;
+    FileDescriptor direct;
+  };
+  Result<std::shared_ptr<const PackFile>> OpenPack(uint32_t pack_id) const;
+  // Reads the record at row's location from `pack`: with O_DIRECT where its bytes are not all
+  // in the page cache (and direct reads work), else through the page cache.
+  Status ReadLocal(const PackFile& pack, const ChunkRow& row, MutableBytes header,
+                   Buffer* payload) const;
   std::filesystem::path PackPath(uint32_t pack_id) const;
 
   const std::filesystem::path packs_dir_;
@@ -148,8 +172,11 @@ class ChunkReader {
       GUARDED_BY(loading_mu_);
   mutable std::atomic<uint64_t> read_bytes_{0};
   mutable std::atomic<uint64_t> reads_{0};
+  mutable std::atomic<uint64_t> direct_reads_{0};
+  // Cleared for good when the kernel lacks cachestat or a direct read fails with EINVAL.
+  mutable std::atomic<bool> direct_;
   mutable Mutex fd_mu_;
-  mutable std::unordered_map<uint32_t, std::shared_ptr<FileDescriptor>> fds_ GUARDED_BY(fd_mu_);
+  mutable std::unordered_map<uint32_t, std::shared_ptr<const PackFile>> fds_ GUARDED_BY(fd_mu_);
 };
 
 }  // namespace ckptfs

@@ -10,6 +10,7 @@
 
 #include <filesystem>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "engine/store/content_writer.h"
@@ -55,8 +56,11 @@ class ChunkReaderTest : public ::testing::Test {
                     .ok());
     return out;
   }
-  std::unique_ptr<ChunkReader> NewReader(ChunkCache* cache) {
-    return std::make_unique<ChunkReader>(dir_ / "packs", &store_->catalog(), cache);
+  std::unique_ptr<ChunkReader> NewReader(
+      ChunkCache* cache,
+      ChunkReader::DirectReads direct = ChunkReader::DirectReads::kWhereUncached) {
+    return std::make_unique<ChunkReader>(dir_ / "packs", &store_->catalog(), cache, nullptr,
+                                         direct);
   }
   // Flips one byte of a pack file.
   void Flip(uint32_t pack_id, uint64_t offset) {
@@ -138,7 +142,7 @@ TEST_F(ChunkReaderTest, WillNeedReadsTheRecordsIntoThePageCache) {
     GTEST_SKIP() << "this filesystem keeps the pack in memory (tmpfs?): nothing to read ahead";
   }
   ChunkCache cache(64 << 20);
-  auto reader = NewReader(&cache);
+  auto reader = NewReader(&cache, ChunkReader::DirectReads::kOff);
   reader->WillNeed(rows);
   const size_t pages = (end - begin + 4095) / 4096;
   size_t resident = 0;
@@ -152,6 +156,78 @@ TEST_F(ChunkReaderTest, WillNeedReadsTheRecordsIntoThePageCache) {
   }
   EXPECT_GE(resident * 10, pages * 9) << resident << " of " << pages;
   EXPECT_EQ(reader->reads(), 0u);  // advice, not reads
+}
+
+// Records that are not in the page cache are read with O_DIRECT: the right bytes, no page of
+// the pack cached afterwards (nothing allocated, copied or evicted for them), and a damaged one
+// is Corruption as before; records that are cached are read from the page cache.
+TEST_F(ChunkReaderTest, UncachedRecordsAreReadDirectlyAndLeaveNoPagesBehind) {
+  Buffer data = RandomBuffer(6 << 20, 9);
+  const ContentId content = Write(data.bytes());
+  const auto chunks = Chunks(content);
+  ASSERT_GT(chunks.size(), 2u);
+  std::set<uint32_t> packs;
+  for (const auto& [ref, row] : chunks) packs.insert(row.pack_id);
+  std::vector<FileDescriptor> fds;
+  auto drop_cache = [&] {
+    for (const auto& fd : fds) {
+      ASSERT_EQ(::fdatasync(fd.get()), 0);
+      ASSERT_EQ(::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED), 0);
+    }
+  };
+  auto resident = [&] {
+    size_t n = 0;
+    for (const auto& fd : fds) {
+      auto size = FileSize(fd.get(), "pack");
+      if (size.ok() && *size > 0) n += ResidentPages(fd.get(), 0, *size);
+    }
+    return n;
+  };
+  for (uint32_t pack : packs) {
+    auto fd = OpenFile(dir_ / "packs" / PackFileName(pack), O_RDONLY);
+    ASSERT_TRUE(fd.ok());
+    fds.push_back(std::move(*fd));
+  }
+  drop_cache();
+  if (resident() > 0) GTEST_SKIP() << "this filesystem keeps the packs in memory (tmpfs?)";
+  if (!PageCacheBytes(fds[0].get(), 0, 1).ok() ||
+      !OpenFile(dir_ / "packs" / PackFileName(*packs.begin()), O_RDONLY | O_DIRECT).ok()) {
+    GTEST_SKIP() << "no direct reads here (kernel without cachestat, or no O_DIRECT)";
+  }
+
+  ChunkCache cache(64 << 20);
+  auto reader = NewReader(&cache);
+  for (const auto& [ref, row] : chunks) {
+    auto decoded = reader->Decode(ref.id, row);
+    ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+    ASSERT_EQ(decoded->size(), ref.length);
+    EXPECT_EQ(std::memcmp(decoded->data(), data.data() + ref.offset, ref.length), 0);
+  }
+  EXPECT_EQ(reader->direct_reads(), chunks.size());
+  EXPECT_EQ(resident(), 0u);
+
+  // Cached now (read through the page cache by someone else): read from there.
+  for (const auto& fd : fds) {
+    auto size = FileSize(fd.get(), "pack");
+    ASSERT_TRUE(size.ok());
+    Buffer all(*size);
+    ASSERT_TRUE(PReadFull(fd.get(), 0, all.mutable_bytes(), "pack").ok());
+  }
+  const uint64_t direct_before = reader->direct_reads();
+  for (const auto& [ref, row] : chunks) {
+    auto decoded = reader->Decode(ref.id, row);
+    ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+    EXPECT_EQ(std::memcmp(decoded->data(), data.data() + ref.offset, ref.length), 0);
+  }
+  EXPECT_EQ(reader->direct_reads(), direct_before);
+
+  // A flipped byte in the middle of a record, read directly: Corruption, never wrong bytes.
+  const auto& [ref, row] = chunks[1];
+  Flip(row.pack_id, row.offset + row.length / 2);
+  drop_cache();
+  auto damaged = reader->Decode(ref.id, row);
+  EXPECT_TRUE(damaged.status().IsCorruption()) << damaged.status().ToString();
+  EXPECT_EQ(reader->direct_reads(), direct_before + 1);
 }
 
 TEST_F(ChunkReaderTest, ConcurrentLoadsOfAChunkReadItsRecordOnce) {

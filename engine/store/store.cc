@@ -202,8 +202,10 @@ Result<std::unique_ptr<Store>> Store::Open(const std::filesystem::path& dir,
   store->options_.codec = config.codec;
   CKPTFS_ASSIGN_OR_RETURN(store->catalog_,
                           Catalog::Open(dir / "catalog", options.space_reserve_bytes));
-  store->reader_ = std::make_unique<ChunkReader>(dir / "packs", store->catalog_.get(),
-                                                 &store->cache_, options.remote_records);
+  store->reader_ = std::make_unique<ChunkReader>(
+      dir / "packs", store->catalog_.get(), &store->cache_, options.remote_records,
+      options.direct_reads ? ChunkReader::DirectReads::kWhereUncached
+                           : ChunkReader::DirectReads::kOff);
   CKPTFS_RETURN_IF_ERROR(store->Recover());
   int threads = options.worker_threads > 0
                     ? options.worker_threads

@@ -96,6 +96,9 @@ struct StoreOptions {
   // (catalog.h, space_reserve.h). 0: none.
   uint64_t space_reserve_bytes = 32ull << 20;
   bool use_io_uring = true;
+  // Records not in the page cache are read with O_DIRECT (chunk_reader.h): a restore costs no
+  // page-cache copy and evicts nothing. false: every record read goes through the page cache.
+  bool direct_reads = true;
   // Reverse deltas (reencode.cc, docs/engine.md "Read path"): after a content commits, a
   // background thread stores its delta pieces whole and re-encodes their bases as deltas
   // against them, so that the newest version decodes one record per piece. false: forward

@@ -4,11 +4,15 @@
 // megabytes it is about to overwrite). Buffer is move-only.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <span>
 #include <string_view>
+#include <utility>
 
 namespace ckptfs {
 
@@ -25,31 +29,53 @@ inline std::string_view AsChars(Bytes b) {
 class Buffer {
  public:
   Buffer() = default;
-  explicit Buffer(size_t size) : data_(new std::byte[size]), size_(size), capacity_(size) {}
+  explicit Buffer(size_t size) : Buffer(Allocate(size, 0), 0, size) {}
   explicit Buffer(Bytes bytes) : Buffer(bytes.size()) {
-    if (!bytes.empty()) std::memcpy(data_.get(), bytes.data(), bytes.size());
+    if (!bytes.empty()) std::memcpy(data_, bytes.data(), bytes.size());
   }
-  Buffer(Buffer&&) noexcept = default;
-  Buffer& operator=(Buffer&&) noexcept = default;
+  // `size` bytes that lie `lead` bytes into a block of `block_size` bytes whose start is
+  // aligned to `alignment` (a power of two): for O_DIRECT reads, which fill whole aligned
+  // blocks; block() is the whole block, bytes() the part the caller wanted.
+  // REQUIRES: lead + size <= block_size.
+  static Buffer InAlignedBlock(size_t alignment, size_t block_size, size_t lead, size_t size) {
+    Buffer b(Allocate(block_size, alignment), lead, size);
+    b.block_size_ = block_size;
+    return b;
+  }
+  Buffer(Buffer&& other) noexcept
+      : block_(std::move(other.block_)),
+        data_(std::exchange(other.data_, nullptr)),
+        size_(std::exchange(other.size_, 0)),
+        capacity_(std::exchange(other.capacity_, 0)),
+        block_size_(std::exchange(other.block_size_, 0)) {}
+  Buffer& operator=(Buffer&& other) noexcept {
+    block_ = std::move(other.block_);
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+    capacity_ = std::exchange(other.capacity_, 0);
+    block_size_ = std::exchange(other.block_size_, 0);
+    return *this;
+  }
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
 
-  std::byte* data() { return data_.get(); }
-  const std::byte* data() const { return data_.get(); }
+  std::byte* data() { return data_; }
+  const std::byte* data() const { return data_; }
   size_t size() const { return size_; }
   size_t capacity() const { return capacity_; }
   bool empty() const { return size_ == 0; }
-  Bytes bytes() const { return {data_.get(), size_}; }
-  MutableBytes mutable_bytes() { return {data_.get(), size_}; }
+  Bytes bytes() const { return {data_, size_}; }
+  MutableBytes mutable_bytes() { return {data_, size_}; }
+  // The whole allocation of an InAlignedBlock buffer (empty for others).
+  MutableBytes block() { return {block_.get(), block_size_}; }
 
   // Changes the size. Growing past capacity reallocates and keeps the first size() bytes;
   // bytes beyond the old size are uninitialised.
   void Resize(size_t size) {
     if (size > capacity_) {
-      std::unique_ptr<std::byte[]> grown(new std::byte[size]);
-      if (size_ > 0) std::memcpy(grown.get(), data_.get(), size_);
-      data_ = std::move(grown);
-      capacity_ = size;
+      Buffer grown(size);
+      if (size_ > 0) std::memcpy(grown.data_, data_, size_);
+      *this = std::move(grown);
     }
     size_ = size;
   }
@@ -57,7 +83,7 @@ class Buffer {
     size_t old = size_;
     if (old + bytes.size() > capacity_) Reserve(std::max(old + bytes.size(), capacity_ * 2));
     size_ = old + bytes.size();
-    if (!bytes.empty()) std::memcpy(data_.get() + old, bytes.data(), bytes.size());
+    if (!bytes.empty()) std::memcpy(data_ + old, bytes.data(), bytes.size());
   }
   void Reserve(size_t capacity) {
     if (capacity <= capacity_) return;
@@ -68,9 +94,36 @@ class Buffer {
   void Clear() { size_ = 0; }
 
  private:
-  std::unique_ptr<std::byte[]> data_;
+  // new[] for plain buffers, aligned_alloc for aligned blocks.
+  struct Free {
+    bool aligned;  // no initialiser: it would make Free unusable inside Buffer
+    void operator()(std::byte* p) const {
+      if (aligned) {
+        std::free(p);
+      } else {
+        delete[] p;
+      }
+    }
+  };
+  using Block = std::unique_ptr<std::byte, Free>;
+  static Block Allocate(size_t size, size_t alignment) {
+    if (size == 0) return Block(nullptr, Free{false});
+    if (alignment == 0) return Block(new std::byte[size], Free{false});
+    void* p = std::aligned_alloc(alignment, (size + alignment - 1) / alignment * alignment);
+    if (p == nullptr) throw std::bad_alloc();
+    return Block(static_cast<std::byte*>(p), Free{true});
+  }
+  Buffer(Block block, size_t lead, size_t size)
+      : block_(std::move(block)),
+        data_(block_ ? block_.get() + lead : nullptr),
+        size_(size),
+        capacity_(size) {}
+
+  Block block_;
+  std::byte* data_ = nullptr;  // block_ + lead
   size_t size_ = 0;
   size_t capacity_ = 0;
+  size_t block_size_ = 0;  // InAlignedBlock only
 };
 
 }  // namespace ckptfs

@@ -44,6 +44,9 @@ Status DataSync(int fd, const std::filesystem::path& path);
 // fsyncs a directory so that entries created or removed in it are durable.
 Status SyncDir(const std::filesystem::path& dir);
 Result<uint64_t> FileSize(int fd, const std::filesystem::path& path);
+// How many bytes of [offset, offset + length) of the file are in the page cache, counted in
+// whole pages (cachestat(2), Linux >= 6.5): NotSupported where the kernel lacks the call.
+Result<uint64_t> PageCacheBytes(int fd, uint64_t offset, uint64_t length);
 // Writes `contents` to path durably and atomically (temp file, fsync, rename, fsync dir).
 Status WriteFileAtomic(const std::filesystem::path& path, std::string_view contents);
 Result<std::string> ReadSmallFile(const std::filesystem::path& path);
