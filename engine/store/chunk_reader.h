@@ -16,7 +16,8 @@
 //   Status::Corruption naming pack and offset. Never wrong bytes.
 // - A record stored raw (codec none, plain) is read straight into the buffer that is returned:
 //   no copy after the read.
-// - Direct reads (DirectReads::kWhereUncached, the Store's default): a record whose bytes are
+// - Direct reads (DirectReads::kWhereUncached; StoreOptions::direct_reads, off by default): a
+// record whose bytes are
 //   not all in the page cache (cachestat(2)) is read with O_DIRECT, from the disk into the
 //   record's buffer, with no page-cache pages allocated, filled and copied out, and none
 //   evicted from other files; a cached record (just written, re-encoded, read again) is read
@@ -77,7 +78,7 @@ class ChunkReader {
   // it holds are read from.
   ChunkReader(std::filesystem::path packs_dir, const Catalog* catalog, ChunkCache* cache,
               std::shared_ptr<const RemoteRecords> remote = nullptr,
-              DirectReads direct = DirectReads::kWhereUncached)
+              DirectReads direct = DirectReads::kOff)
       : packs_dir_(std::move(packs_dir)),
         catalog_(catalog),
         cache_(cache),

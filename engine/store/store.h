@@ -97,8 +97,11 @@ struct StoreOptions {
   uint64_t space_reserve_bytes = 32ull << 20;
   bool use_io_uring = true;
   // Records not in the page cache are read with O_DIRECT (chunk_reader.h): a restore costs no
-  // page-cache copy and evicts nothing. false: every record read goes through the page cache.
-  bool direct_reads = true;
+  // page-cache copy and evicts nothing. Off by default: each direct read allocates a fresh
+  // aligned block, which glibc maps and the kernel faults in and zeroes (3x the daemon's minor
+  // faults on a cold cp), so that it cost as much CPU as it saved and cold cp ran slower here
+  // (docs/engine.md "Read path"). false: every record read goes through the page cache.
+  bool direct_reads = false;
   // Reverse deltas (reencode.cc, docs/engine.md "Read path"): after a content commits, a
   // background thread stores its delta pieces whole and re-encodes their bases as deltas
   // against them, so that the newest version decodes one record per piece. false: forward
