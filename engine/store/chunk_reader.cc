@@ -126,7 +126,7 @@ void ChunkReader::WillNeed(std::vector<ChunkRow> rows) const {
       end = std::max(end, rows[j].offset + rows[j].length);
     }
     auto file = OpenPack(pack);
-    if (file.ok() && !(*file)->direct.valid()) {
+    if (file.ok() && !ReadsDirectly(**file)) {
       // In steps: the kernel reads at most max(read_ahead_kb, max_sectors_kb) of the device per
       // call (force_page_cache_ra), 128 KiB on many disks, and drops the rest of a longer range.
       for (uint64_t at = begin; at < end; at += kAdviseStep) {
@@ -160,7 +160,7 @@ Result<std::shared_ptr<const ChunkReader::PackFile>> ChunkReader::OpenPack(uint3
 
 Status ChunkReader::ReadLocal(const PackFile& pack, const ChunkRow& row, MutableBytes header,
                               Buffer* payload) const {
-  if (pack.direct.valid() && direct_.load(std::memory_order_relaxed)) {
+  if (ReadsDirectly(pack)) {
     auto cached = AllCached(pack.fd.get(), row.offset, row.length);
     if (!cached.ok()) {
       spdlog::info("direct reads off: the kernel cannot tell what is in the page cache ({})",

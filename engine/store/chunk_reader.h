@@ -157,6 +157,11 @@ class ChunkReader {
     FileDescriptor direct;
   };
   Result<std::shared_ptr<const PackFile>> OpenPack(uint32_t pack_id) const;
+  // Whether uncached records of `pack` are read with O_DIRECT (its descriptor opened, and
+  // direct reads not turned off since).
+  bool ReadsDirectly(const PackFile& pack) const {
+    return pack.direct.valid() && direct_.load(std::memory_order_relaxed);
+  }
   // Reads the record at row's location from `pack`: with O_DIRECT where its bytes are not all
   // in the page cache (and direct reads work), else through the page cache.
   Status ReadLocal(const PackFile& pack, const ChunkRow& row, MutableBytes header,
