@@ -39,6 +39,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <future>
 #include <map>
 #include <thread>
 #include <unordered_map>
@@ -297,10 +298,11 @@ Status Store::ReverseDeltas(ContentId id) {
   const unsigned reencode_threads = options_.worker_threads > 0
                                         ? static_cast<unsigned>(options_.worker_threads)
                                         : std::max(1u, std::thread::hardware_concurrency());
-  for (size_t i = 0; i < candidates.size();) {
-    // 2. Encode a batch: X whole, B against X; both durable before the catalog names them.
-    // The whole records go first, the deltas after them: the next version's re-encoding
-    // replaces the wholes, and a contiguous run of dead records punches out without waste.
+  // 2. Encodes a batch, the candidates from i on (i moves past them): X whole, B against X,
+  // and appends the records (durable before the catalog names them, step 3). The whole
+  // records go first, the deltas after them: the next version's re-encoding replaces the
+  // wholes, and a contiguous run of dead records punches out without waste.
+  auto encode_batch = [&](size_t& i) -> Result<std::vector<Swap>> {
     struct Encoded {
       RecordHeader header;
       Buffer payload;
@@ -378,11 +380,13 @@ Status Store::ReverseDeltas(ContentId id) {
         swaps[k].b_delta->base = swaps[k].c.x;
       }
     }
-    if (swaps.empty()) continue;
-    Status synced = packs_->Sync();
+    return swaps;
+  };
+  // 3. Commits a batch once its records were synced (`synced`: how that went): one
+  // transaction, under gc_mu_ exclusive (no reader between a row lookup and its record read,
+  // no writer between appending and pinning).
+  auto commit_batch = [&](const std::vector<Swap>& swaps, const Status& synced) -> Status {
     if (options_.before_reencode_commit) options_.before_reencode_commit();
-    // 3. One transaction for the batch, under gc_mu_ exclusive (no reader between a row
-    // lookup and its record read, no writer between appending and pinning).
     std::vector<PackLocation> dead;    // records the rows pointed at before
     std::vector<PackLocation> unused;  // new records no row points at
     {
@@ -543,6 +547,26 @@ Status Store::ReverseDeltas(ContentId id) {
       dead.insert(dead.end(), unused.begin(), unused.end());
       PunchRecords(std::move(dead));
     }
+    return Status::OK();
+  };
+  // The batches overlap: one batch's records reach the disk while the next batch encodes,
+  // and it commits once both are done. The next batch reads only records this one leaves in
+  // place (this one punches after the next has encoded), and its own transaction checks its
+  // rows again.
+  size_t next = 0;
+  CKPTFS_ASSIGN_OR_RETURN(std::vector<Swap> swaps, encode_batch(next));
+  for (;;) {
+    if (swaps.empty()) {
+      if (next >= candidates.size()) break;
+      CKPTFS_ASSIGN_OR_RETURN(swaps, encode_batch(next));
+      continue;
+    }
+    std::future<Status> synced = std::async(std::launch::async, [this] { return packs_->Sync(); });
+    Result<std::vector<Swap>> following = next < candidates.size()
+                                              ? encode_batch(next)
+                                              : Result<std::vector<Swap>>(std::vector<Swap>());
+    CKPTFS_RETURN_IF_ERROR(commit_batch(swaps, synced.get()));
+    CKPTFS_ASSIGN_OR_RETURN(swaps, std::move(following));
   }
   return Status::OK();
 }

@@ -392,6 +392,45 @@ TEST_F(DeltaTest, CompressBehindWritesRawPiecesThatTheReencoderCompresses) {
   for (int v = 0; v < kVersions; ++v) EXPECT_TRUE(ContentEquals(*reopened, ids[v], files_[v]));
 }
 
+// The re-encoder overlaps its batches (one batch's records sync while the next encodes, and
+// it commits after): a version re-encoded in many small batches ends where one batch per
+// version ends, record for record, and reads back bitwise.
+TEST_F(DeltaTest, ManySmallReencoderBatchesStoreWhatOneBatchStores) {
+  auto run = [&](const std::filesystem::path& dir, uint64_t batch_bytes,
+                 std::vector<uint64_t>* record_bytes, uint64_t* batches) {
+    StoreOptions options = DeltaOptions(8, /*reverse=*/true);
+    options.compress_behind_min_bytes = 0;  // these test files' pieces are small
+    options.reencode_batch_bytes = batch_bytes;
+    auto store = OpenStore(dir, options);
+    ASSERT_TRUE(store);
+    std::vector<ContentId> ids;
+    for (const auto& file : files_) {  // one version at a time: the same states either way
+      auto writer = store->NewWriter();
+      if (!ids.empty()) ASSERT_OK(writer->SetReference(ids.back()));
+      ASSERT_OK(writer->Append(file));
+      ASSERT_OK_AND_ASSIGN(ContentId id, writer->Finish());
+      ids.push_back(id);
+      store->WaitReencoded();
+    }
+    for (int v = 0; v < kVersions; ++v) {
+      ASSERT_OK_AND_ASSIGN(ContentEncoding e, store->DescribeContent(ids[v]));
+      record_bytes->push_back(e.record_bytes);
+      EXPECT_TRUE(ContentEquals(*store, ids[v], files_[v])) << "version " << v;
+    }
+    EXPECT_EQ(NewestDepth(*store, ids.back()), 1u) << "the newest stays whole";
+    EXPECT_GT(NewestDepth(*store, ids[kVersions - 2]), 1u) << "the one before is a delta";
+    EXPECT_TRUE(VerifyClean(*store));
+    *batches = store->reencode_batches();
+  };
+  std::vector<uint64_t> one, many;
+  uint64_t one_batches = 0, many_batches = 0;
+  TempDir one_dir{"delta-one-batch"};
+  run(one_dir.path(), 1u << 30, &one, &one_batches);
+  run(dir_.path(), 64u << 10, &many, &many_batches);
+  EXPECT_GT(many_batches, 2 * one_batches) << "small batches: several per version";
+  EXPECT_EQ(many, one);
+}
+
 TEST_F(DeltaTest, PiecesBelowTheCompressBehindMinimumAreEncodedAsWritten) {
   // Small pieces are encoded by the writer even with compress_behind: before the re-encoder
   // runs, the first version is already compressed (and the re-encoder does not queue it).
