@@ -6,15 +6,18 @@
 #             seal, rm -rf, gc, forget, the background re-encoding, snapshot adoption)
 #   flips     tests/fs/test_flips.py: ROUNDS single-byte flips spread over the packs and as
 #             many over the catalog
+#   random_ops  tests/fs/test_random_ops.py: ROUNDS random POSIX operations by 4 processes at
+#             once, each compared with the same operation on a reference directory
 # After every fault the store must open, every acknowledged file read back bitwise and
 # `ckptfs verify` be clean (flips: found and named, or harmless; never other bytes). CTest runs
-# short forms (fs_powercut, fs_kill9, fs_flips).
+# short forms (fs_powercut, fs_kill9, fs_flips, fs_random_ops).
 #
-# Usage: scripts/faults.sh powercut|kill9|flips [ROUNDS] [SEED] [BUILD_DIR]
+# Usage: scripts/faults.sh powercut|kill9|flips|random_ops [ROUNDS] [SEED] [BUILD_DIR]
 #        ROUNDS default 200; SEED default from the clock (printed; rerun a failure with it);
 #        BUILD_DIR default build (it must hold ckptfs, powercut_fs, libckptfs_snapshot.so:
 #        cmake --build BUILD_DIR). Needs root and /dev/fuse; torch for the snapshot phase.
-# Prints one summary line: POWERCUT SUMMARY, KILL9 SUMMARY or FLIPS SUMMARY {...}.
+# Prints one summary line: POWERCUT SUMMARY, KILL9 SUMMARY, FLIPS SUMMARY or RANDOM_OPS
+# SUMMARY {...}.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 kind="${1:-}"
@@ -22,7 +25,9 @@ case "$kind" in
   powercut) var=CKPTFS_POWERCUT ;;
   kill9) var=CKPTFS_KILL9 ;;
   flips) var=CKPTFS_FLIPS ;;
-  *) echo "usage: scripts/faults.sh powercut|kill9|flips [ROUNDS] [SEED] [BUILD_DIR]" >&2; exit 2 ;;
+  random_ops) var=CKPTFS_RANDOM_OPS ;;
+  *) echo "usage: scripts/faults.sh powercut|kill9|flips|random_ops [ROUNDS] [SEED] [BUILD_DIR]" >&2
+     exit 2 ;;
 esac
 rounds="${2:-200}"
 seed="${3:-$(( $(date +%s) % 100000 ))}"

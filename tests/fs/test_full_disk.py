@@ -5,9 +5,11 @@ version must read back bitwise, and the user must still be able to make room: rm
 versions, `ckptfs gc`, then new writes fit again; umount, remount and verify stay clean.
 """
 import errno
+import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import unittest
 
@@ -51,6 +53,7 @@ class FullDiskTest(unittest.TestCase):
     def test_full_disk_fails_writes_cleanly_and_can_be_emptied(self):
         written = {}  # version -> payload, acknowledged (fsynced)
         failed = None
+        summary = {"disk_mib": DISK_BYTES // MiB, "file_mib": FILE_BYTES // MiB}
         for i in range(3 * DISK_BYTES // FILE_BYTES):
             name = "v%02d" % i
             payload = mounted.data(FILE_BYTES, i)
@@ -63,6 +66,7 @@ class FullDiskTest(unittest.TestCase):
             written[name] = payload
         self.assertIsNotNone(failed, "the disk never filled up")
         self.assertGreater(len(written), 4)
+        summary.update(acknowledged_before_enospc=len(written), enospc_at=failed)
 
         # statfs tells the truth: the mount reports the store's filesystem.
         self.assertLess(free_bytes(self.m.mnt), FILE_BYTES)
@@ -83,6 +87,7 @@ class FullDiskTest(unittest.TestCase):
         self.assertGreater(freed, len(dropped) * FILE_BYTES // 2,
                            "gc freed %d bytes after deleting %d versions" % (freed, len(dropped)))
 
+        summary.update(deleted=len(dropped) + 1, gc_freed_mib=round(freed / MiB, 1))
         # Writes fit again, and nothing kept was touched.
         fresh = mounted.data(FILE_BYTES, 1000)
         write_version(self.m.path("after"), fresh)
@@ -93,6 +98,8 @@ class FullDiskTest(unittest.TestCase):
         self.m.umount()
         verify = mounted.ckptfs("verify", self.m.store, check=False)
         self.assertEqual(verify.returncode, 0, verify.stdout + verify.stderr)
+        summary.update(read_back_after_remount=len(written), verify="clean")
+        print("FULL_DISK SUMMARY " + json.dumps(summary, sort_keys=True), file=sys.stderr)
 
     def test_deleting_works_when_the_catalog_cannot_grow(self):
         # Fill the filesystem to the last block from outside the store, so that the catalog
