@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -94,24 +95,23 @@ class Buffer {
   void Clear() { size_ = 0; }
 
  private:
-  // new[] for plain buffers, aligned_alloc for aligned blocks.
+  // One allocator family for every block (malloc, or aligned_alloc for aligned blocks; both
+  // freed with free): a deleter that chose between delete[] and free made gcc's
+  // -Wmismatched-new-delete fail the -O1 sanitizer builds.
   struct Free {
-    bool aligned;  // no initialiser: it would make Free unusable inside Buffer
-    void operator()(std::byte* p) const {
-      if (aligned) {
-        std::free(p);
-      } else {
-        delete[] p;
-      }
-    }
+    void operator()(std::byte* p) const { std::free(p); }
   };
   using Block = std::unique_ptr<std::byte, Free>;
   static Block Allocate(size_t size, size_t alignment) {
-    if (size == 0) return Block(nullptr, Free{false});
-    if (alignment == 0) return Block(new std::byte[size], Free{false});
-    void* p = std::aligned_alloc(alignment, (size + alignment - 1) / alignment * alignment);
-    if (p == nullptr) throw std::bad_alloc();
-    return Block(static_cast<std::byte*>(p), Free{true});
+    if (size == 0) return Block(nullptr);
+    // As new[] would (bad_array_new_length); it also tells gcc that malloc's argument is a
+    // valid object size (-Walloc-size-larger-than where a caller's size is a difference).
+    if (size > static_cast<size_t>(PTRDIFF_MAX)) throw std::bad_alloc();
+    void* p = alignment == 0
+                  ? std::malloc(size)
+                  : std::aligned_alloc(alignment, (size + alignment - 1) / alignment * alignment);
+    if (p == nullptr) throw std::bad_alloc();  // as new[] did
+    return Block(static_cast<std::byte*>(p));
   }
   Buffer(Block block, size_t lead, size_t size)
       : block_(std::move(block)),
