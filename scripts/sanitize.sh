@@ -12,7 +12,8 @@
 #   tsan  build-tsan/: ThreadSanitizer, on the concurrency tests (committer, ingester, worker
 #         pool, chunk and content readers, host ring, snapshot engine, control protocol, the
 #         catalog (its map grows only while no transaction is open), the engine's concurrent
-#         writers/readers/gc, and tests/fs/test_concurrency.py against a TSan daemon).
+#         writers/readers/gc, the re-encoder's overlapping batches (a sync thread beside the
+#         appends), and tests/fs/test_concurrency.py against a TSan daemon).
 #   threads  scripts/thread_safety.sh: clang -Wthread-safety -Werror over every translation
 #         unit (the annotated Mutex of engine/util/mutex.h).
 # Any sanitizer report fails the run; the reports are kept in build-sanitize-logs/.
@@ -74,7 +75,7 @@ if [ "$what" = tsan ] || [ "$what" = all ]; then
   rm -rf "$logs" && mkdir -p "$logs"
   TSAN_OPTIONS="log_path=$logs/tsan:halt_on_error=0:second_deadlock_stack=1:suppressions=$PWD/scripts/tsan.supp" \
     ctest --test-dir build-tsan --output-on-failure -j1 \
-      -R 'Committer|Ingester|WorkerPool|ChunkReaderTest.Concurrent|HostRing|ConcurrencyTest|fs_concurrency|Mutex|ControlProtocol|SnapshotEngine|ContentReader|CatalogTest' \
+      -R 'Committer|Ingester|WorkerPool|ChunkReaderTest.Concurrent|HostRing|ConcurrencyTest|fs_concurrency|Mutex|ControlProtocol|SnapshotEngine|ContentReader|CatalogTest|DeltaTest.ManySmallReencoderBatches' \
     || status=1
   check_logs tsan || status=1
 fi
