@@ -68,6 +68,18 @@ class FullDiskTest(unittest.TestCase):
         self.assertGreater(len(written), 4)
         summary.update(acknowledged_before_enospc=len(written), enospc_at=failed)
 
+        # Overwriting an acknowledged file on the full disk fails and keeps its content.
+        victim = sorted(written)[-1]
+        with self.assertRaises(OSError) as cm:
+            with open(self.m.path(victim, "model.pt"), "wb") as f:
+                f.write(mounted.data(FILE_BYTES, 777))
+                f.flush()
+                os.fsync(f.fileno())
+        self.assertEqual(cm.exception.errno, errno.ENOSPC, repr(cm.exception))
+        self.assertEqual(mounted.read_file(self.m.path(victim, "model.pt")), written[victim],
+                         "a failed overwrite keeps the file's previous content")
+        summary.update(failed_overwrite_kept_content=True)
+
         # statfs tells the truth: the mount reports the store's filesystem.
         self.assertLess(free_bytes(self.m.mnt), FILE_BYTES)
         self.assertAlmostEqual(free_bytes(self.m.mnt), free_bytes(self.disk), delta=MiB)
