@@ -135,6 +135,12 @@ int Seal(const std::string& version) {
                 "a file is a version only in a directory marked for file versions "
                 "(setfattr -n user.ckptfs.file_versions -v 1 DIR; docs/fs.md)");
   }
+  if (!s.ok() && s.code() == Status::Code::kBusy) {
+    return Fail(s, "a file of " + version +
+                       " is open for writing through FUSE passthrough (the kernel writes it "
+                       "directly, so its writes cannot be refused after a seal): seal once it "
+                       "is closed");
+  }
   return s.ok() ? kExitOk : Fail(s);
 }
 

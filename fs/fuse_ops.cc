@@ -10,6 +10,7 @@
 #include <string>
 
 #include "engine/namespace/filesystem.h"
+#include "fs/passthrough.h"
 
 namespace ckptfs {
 namespace {
@@ -171,14 +172,16 @@ void OnCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
   if (!made.ok()) return ReplyError(req, made.status());
   fuse_entry_param e = ToEntry(made->first);
   SetOpenFlags(Fs(req), e.ino, fi, made->second);
-  if (fuse_reply_create(req, &e, fi) != 0) (void)Fs(req).Release(made->second);
+  if (FusePassthrough* pt = FusePassthrough::Get()) pt->Opened(Fs(req), e.ino, made->second);
+  if (fuse_reply_create(req, &e, fi) != 0) (void)FusePassthrough::Release(Fs(req), made->second);
 }
 
 void OnOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   auto fh = Fs(req).Open(ino, fi->flags);
   if (!fh.ok()) return ReplyError(req, fh.status());
   SetOpenFlags(Fs(req), ino, fi, *fh);
-  if (fuse_reply_open(req, fi) != 0) (void)Fs(req).Release(*fh);
+  if (FusePassthrough* pt = FusePassthrough::Get()) pt->Opened(Fs(req), ino, *fh);
+  if (fuse_reply_open(req, fi) != 0) (void)FusePassthrough::Release(Fs(req), *fh);
 }
 
 // The reply goes out straight from the decoded chunks (fuse_reply_iov: one copy, into the
@@ -220,7 +223,7 @@ void OnFlush(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
 }
 
 void OnRelease(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
-  fuse_reply_err(req, Fs(req).Release(fi->fh).ToErrno());
+  fuse_reply_err(req, FusePassthrough::Release(Fs(req), fi->fh).ToErrno());
 }
 
 void OnFsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info* fi) {

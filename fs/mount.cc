@@ -39,6 +39,7 @@
 #include "engine/store/store.h"
 #include "engine/util/thread_role.h"
 #include "fs/fuse_ops.h"
+#include "fs/passthrough.h"
 #include "fs/sd_notify.h"
 
 namespace ckptfs {
@@ -269,6 +270,9 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
     nlohmann::json doc = r.ok() ? *r : nlohmann::json{{"error", r.status().ToString()}};
     doc["store"] = std::filesystem::weakly_canonical(st->dir()).string();
     doc["mount"] = mnt;
+    if (FusePassthrough* pt = FusePassthrough::Get()) {
+      doc["passthrough"] = {{"enabled", pt->enabled()}, {"opens", pt->opened()}};
+    }
     return doc.dump(2) + "\n";
   });
 
@@ -326,6 +330,18 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
     ready.Report("could not mount at " + args.mountpoint +
                  ": is it an existing empty directory, is /dev/fuse there, are you root?");
     return 1;
+  }
+  // FUSE passthrough for files written from empty (fs/passthrough.h); CKPTFS_PASSTHROUGH=0
+  // turns it off (the tests run both ways). The kernel's writeback cache excludes it.
+  {
+    const char* pt = std::getenv("CKPTFS_PASSTHROUGH");
+    const char* wb = std::getenv("CKPTFS_WRITEBACK_CACHE");
+    const bool allowed = !(pt != nullptr && std::string(pt) == "0") &&
+                         !(wb != nullptr && std::string(wb) == "1") &&
+                         (*fs)->passthrough_possible();
+    if (Status s = FusePassthrough::Install(se, allowed); !s.ok()) {
+      spdlog::warn("FUSE passthrough unavailable: {}", s.ToString());
+    }
   }
   // Rotation as versions seal; the kernel forgets each removed name at once.
   std::unique_ptr<Retention> retention;

@@ -64,10 +64,32 @@ FileSystem::~FileSystem() {
   ingester_.reset();  // after the commits: they wait for their files' ingest
 }
 
+// Whether every write to a file in `dir` gives it a new ctime, also right after a stat (the
+// kernel's multigrain timestamps, Linux >= 6.13 on ext4, xfs, btrfs, tmpfs): passthrough files
+// are known to have changed by their times alone.
+bool ChangeTimesAreFine(const std::filesystem::path& dir) {
+  auto fd = OpenFile(dir, O_TMPFILE | O_RDWR, 0600);
+  if (!fd.ok()) return false;
+  const std::byte one{1};
+  for (int i = 0; i < 64; ++i) {
+    struct stat before {
+    }, after{};
+    if (::fstat(fd->get(), &before) != 0) return false;
+    if (!PWriteFull(fd->get(), 0, {&one, 1}, dir).ok()) return false;
+    if (::fstat(fd->get(), &after) != 0) return false;
+    if (before.st_ctim.tv_sec == after.st_ctim.tv_sec &&
+        before.st_ctim.tv_nsec == after.st_ctim.tv_nsec) {
+      return false;
+    }
+  }
+  return true;
+}
+
 Status FileSystem::Init() {
   std::error_code ec;
   std::filesystem::create_directories(staging_dir_, ec);
   if (ec) return Status::IOError("create " + staging_dir_.string() + ": " + ec.message());
+  fine_change_times_ = ChangeTimesAreFine(staging_dir_);
   CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginWrite());
   CKPTFS_ASSIGN_OR_RETURN(std::optional<Inode> root, GetInode(txn, kRootIno));
   if (!root) {
@@ -376,6 +398,9 @@ Result<std::shared_ptr<OpenInode>> FileSystem::OpenInodeFor(Ino ino) {
     if (ingester_) spool = OpenInode::Spool{ingester_.get(), spool_backlog_.get()};
     auto file = std::make_shared<OpenInode>(
         inode, store_, staging_dir_, [this](OpenInode& f) { return NewFileWriter(f); }, spool);
+    file->on_kernel_bytes = [this](uint64_t n) {
+      metrics_.bytes_written.fetch_add(n, std::memory_order_relaxed);
+    };
     it = open_files_.emplace(ino, OpenFile{std::move(file), inode.version, 0}).first;
   }
   // Counted here, under the same lock: the committer forgets an open file without handles.
@@ -620,6 +645,7 @@ Status FileSystem::Write(uint64_t fh, uint64_t offset, Bytes data) {
 Status FileSystem::Flush(uint64_t fh) {
   if (IsViewHandle(fh)) return Status::OK();
   CKPTFS_ASSIGN_OR_RETURN(Handle h, GetHandle(fh));
+  if (h.passthrough) h.file->RefreshViewFromBacking();
   return h.file->error();
 }
 
@@ -627,8 +653,56 @@ Status FileSystem::Fsync(uint64_t fh) {
   if (IsViewHandle(fh)) return Status::OK();
   ScopedLatency timed(metrics_.fsync);
   CKPTFS_ASSIGN_OR_RETURN(Handle h, GetHandle(fh));
-  CKPTFS_RETURN_IF_ERROR(committer_->Commit(h.file, /*release=*/false, /*wait=*/true));
+  ++h.file->fsyncs_in_progress;
+  Status s = committer_->Commit(h.file, /*release=*/false, /*wait=*/true);
+  --h.file->fsyncs_in_progress;
+  CKPTFS_RETURN_IF_ERROR(s);
   return options_.after_durable ? options_.after_durable() : Status::OK();
+}
+
+bool FileSystem::PassthroughEligible(uint64_t fh) {
+  if (!fine_change_times_ || IsViewHandle(fh)) return false;
+  MutexLock lock(open_mu_);
+  auto h = handles_.find(fh);
+  if (h == handles_.end() || (h->second.flags & O_ACCMODE) == O_RDONLY) return false;
+  const std::shared_ptr<OpenInode>& file = h->second.file;
+  auto open = open_files_.find(file->ino);
+  return open != open_files_.end() && open->second.file == file && open->second.handles == 1 &&
+         !file->sealed && file->passthrough_handles() == 0 && file->size_view() == 0;
+}
+
+Result<FileDescriptor> FileSystem::StartPassthrough(uint64_t fh) {
+  CKPTFS_ASSIGN_OR_RETURN(Handle h, GetHandle(fh));
+  OpenInode& f = *h.file;
+  if (!f.reference_settled.exchange(true)) {
+    // As Write() does on a file's first write (the kernel's writes do not come here).
+    if (std::optional<Ino> previous = ReferenceFile(f)) {
+      Status s = CommitIfClosed(*previous);
+      if (!s.ok()) spdlog::warn("inode {}: committing its reference: {}", f.ino, s.ToString());
+    }
+  }
+  CKPTFS_ASSIGN_OR_RETURN(FileDescriptor fd, f.StartPassthrough());
+  MutexLock lock(open_mu_);
+  auto it = handles_.find(fh);
+  if (it != handles_.end()) it->second.passthrough = true;
+  return fd;
+}
+
+void FileSystem::AbandonPassthrough(uint64_t fh) {
+  MutexLock lock(open_mu_);
+  auto it = handles_.find(fh);
+  if (it == handles_.end() || !it->second.passthrough) return;
+  it->second.passthrough = false;
+  it->second.file->EndPassthroughHandle();
+}
+
+bool FileSystem::JoinPassthrough(uint64_t fh) {
+  auto h = GetHandle(fh);
+  if (!h.ok() || !h->file->AddPassthroughHandle()) return false;
+  MutexLock lock(open_mu_);
+  auto it = handles_.find(fh);
+  if (it != handles_.end()) it->second.passthrough = true;
+  return true;
 }
 
 FileSystem::Backlog FileSystem::WriteBacklog() {
@@ -659,6 +733,7 @@ Status FileSystem::Release(uint64_t fh) {
     auto it = handles_.find(fh);
     if (it == handles_.end()) return Errno(EBADF, "release");
     file = std::move(it->second.file);
+    if (it->second.passthrough) file->EndPassthroughHandle();
     handles_.erase(it);
     // A file with handles is the one open_files_ holds for its inode (only ForgetReleased
     // removes it, once it has none).

@@ -129,6 +129,22 @@ class FileSystem {
   Status Fsync(uint64_t fh);
   Status Release(uint64_t fh);
 
+  // FUSE passthrough (open_inode.h, docs/fs.md "FUSE passthrough"); the FUSE adapter keeps
+  // the kernel's side (backing ids). PassthroughEligible: the handle may become the first
+  // passthrough handle of its file: opened for writing, the file's only handle, empty, not
+  // sealed, and the staging directory's filesystem keeps fine-grained change times.
+  // StartPassthrough makes it one (a descriptor of the file the kernel is to use);
+  // JoinPassthrough counts another handle of a file that has some (false: it has none any
+  // more, open without). A passthrough handle's Release tells the file.
+  bool PassthroughEligible(uint64_t fh);
+  Result<FileDescriptor> StartPassthrough(uint64_t fh);
+  bool JoinPassthrough(uint64_t fh);
+  // StartPassthrough's handle will not pass through after all (the kernel refused its file):
+  // it stops counting as one; the file keeps its bytes in the staging file.
+  void AbandonPassthrough(uint64_t fh);
+  // Whether the staging directory's filesystem gives every change a new ctime (checked once).
+  bool passthrough_possible() const { return fine_change_times_; }
+
   // Directory listings are snapshots taken at OpenDir.
   Result<uint64_t> OpenDir(Ino ino);
   // Entries from position `offset` on (excluding . and ..); fn gets the next offset.
@@ -212,6 +228,7 @@ class FileSystem {
     std::shared_ptr<OpenInode> file;
     int flags = 0;
     std::shared_ptr<ReadAhead> read_ahead = std::make_shared<ReadAhead>();
+    bool passthrough = false;
   };
 
   FileSystem(Store* store, const FileSystemOptions& options);
@@ -297,6 +314,7 @@ class FileSystem {
   std::map<Ino, std::chrono::steady_clock::time_point> version_activity_ GUARDED_BY(open_mu_);
   std::set<Ino> sealing_ GUARDED_BY(open_mu_);  // versions whose Seal() is in progress
   uint64_t next_handle_ GUARDED_BY(open_mu_) = 1;
+  bool fine_change_times_ = false;  // set by Init()
 
   FsMetrics metrics_;
   std::function<std::string()> live_stats_;  // set before serving, then read-only

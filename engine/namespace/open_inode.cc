@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,6 +16,11 @@ namespace {
 constexpr size_t kCopyBytes = 4 << 20;
 // Spool pages are punched out in multiples of this once ingested.
 constexpr uint64_t kPunchAlign = 1 << 20;
+
+bool SameTime(const timespec& a, const timespec& b) {
+  return a.tv_sec == b.tv_sec && a.tv_nsec == b.tv_nsec;
+}
+int64_t Ns(const timespec& t) { return int64_t{t.tv_sec} * 1000000000 + t.tv_nsec; }
 
 }  // namespace
 
@@ -64,6 +70,7 @@ Status OpenInode::Write(uint64_t offset, Bytes data, bool append) {
   MutexLock lock(mu_);  // Seal() commits under this lock: check after taking it
   if (sealed) return Status::ReadOnly("version is sealed");
   CKPTFS_RETURN_IF_ERROR(error_);
+  CKPTFS_RETURN_IF_ERROR(RefreshFromBackingLocked());
   if (ingest_failed_) {
     MutexLock ingest(ingest_mu_);  // the ingest stopped: this does not wait
     error_ = ingest_error_;
@@ -186,6 +193,7 @@ Result<std::optional<size_t>> OpenInode::ReadPending(uint64_t offset, MutableByt
                                                      ContentId* committed) {
   MutexLock lock(mu_);
   CKPTFS_RETURN_IF_ERROR(error_);
+  CKPTFS_RETURN_IF_ERROR(RefreshFromBackingLocked());
   if (offset >= size_) return std::optional<size_t>(0);
   out = out.first(static_cast<size_t>(std::min<uint64_t>(out.size(), size_ - offset)));
   if (staging_.valid()) {
@@ -204,8 +212,9 @@ Result<std::optional<size_t>> OpenInode::ReadPending(uint64_t offset, MutableByt
 Status OpenInode::Truncate(uint64_t size) {
   MutexLock lock(mu_);
   CKPTFS_RETURN_IF_ERROR(error_);
+  CKPTFS_RETURN_IF_ERROR(RefreshFromBackingLocked());
   if (size == size_) return Status::OK();  // the file keeps its bytes (and stays clean if it was)
-  if (size == 0) {
+  if (size == 0 && !backing_) {
     DropStreamLocked();
     staging_ = FileDescriptor();
     base_ = 0;
@@ -222,9 +231,20 @@ Status OpenInode::Truncate(uint64_t size) {
 
 void OpenInode::TruncateForOpen() {
   MutexLock lock(mu_);
+  error_ = Status::OK();
+  if (backing_ && passthrough_handles_.load() > 0) {
+    // The kernel writes this staging file through the other handles: empty it, keep it.
+    if (::ftruncate(staging_.get(), 0) != 0) {
+      error_ = Status::FromErrno(errno, "truncate staging file");
+      return;
+    }
+    size_ = 0;
+    TouchLocked();
+    return;
+  }
   DropStreamLocked();
   staging_ = FileDescriptor();
-  error_ = Status::OK();
+  backing_ = false;
   base_ = 0;
   size_ = 0;
   TouchLocked();
@@ -269,6 +289,21 @@ Status OpenInode::ToStagingLocked() {
 
 Status OpenInode::Commit() {
   MutexLock lock(mu_);
+  // With no passthrough handle, or under an fsync (the kernel holds the inode's lock), no
+  // kernel write runs while this commit reads the staging file; else one may, unseen: the next
+  // commit then reads the file again whatever its times say.
+  const bool writers_excluded = passthrough_handles_.load() == 0 || fsyncs_in_progress.load() > 0;
+  if (Status s = RefreshFromBackingLocked(); !s.ok()) {
+    spdlog::error("inode {}: cannot look at its passthrough file: {}", ino, s.ToString());
+    return s;
+  }
+  if (backing_ && !writers_excluded) unsure_ = true;
+  if (!error_.ok() && backing_ && passthrough_handles_.load() == 0) {
+    // The commit failed before and the kernel's last writer is gone: drop the bytes, as a
+    // streamed file's are after a failed write (the inode keeps its previous content).
+    staging_ = FileDescriptor();
+    backing_ = false;
+  }
   committed_changes_ = changes_.load();
   // Writes wait for mu_: whatever this commit does, the bytes written so far are durable or
   // lost when it returns, except after a failed commit from staging (tried again later).
@@ -318,7 +353,11 @@ Status OpenInode::Commit() {
       off += n;
     }
     if (id.ok()) id = writer->Finish(bind);
-    if (id.ok()) staging_ = FileDescriptor();
+    // A passthrough file stays while the kernel may still write it.
+    if (id.ok() && passthrough_handles_.load() == 0) {
+      staging_ = FileDescriptor();
+      backing_ = false;
+    }
   } else if (size == 0) {
     // Truncated to nothing: no content.
     CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginWrite());
@@ -336,13 +375,166 @@ Status OpenInode::Commit() {
   if (!id.ok()) {
     spdlog::error("committing inode {} failed: {}; it keeps its previous contents", ino,
                   id.status().ToString());
-    if (!staging_.valid()) error_ = id.status();
-    keep_pending = staging_.valid();
+    // A failed commit of a staging file the daemon wrote is tried again later; one that the
+    // kernel wrote (passthrough) fails as streamed bytes do: sticky, reported to close() and
+    // fsync(), the bytes dropped once the last writer is gone (the writer cannot be told to
+    // write them again, and the daemon cannot tell whether the kernel's writes all succeeded).
+    if (!staging_.valid() || backing_) error_ = id.status();
+    keep_pending = staging_.valid() && !backing_;
+    if (backing_ && passthrough_handles_.load() == 0) {
+      staging_ = FileDescriptor();
+      backing_ = false;
+    }
     return id.status();
   }
   base_ = *id;
   dirty_ = false;
   return Status::OK();
+}
+
+// ---- Passthrough ------------------------------------------------------------------------------
+
+Status OpenInode::RefreshFromBackingLocked() {
+  if (!backing_ || !staging_.valid()) return Status::OK();
+  struct stat st {};
+  if (::fstat(staging_.get(), &st) != 0) return Status::FromErrno(errno, "stat staging file");
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  const bool changed = unsure_ || size != backing_size_ || !SameTime(st.st_mtim, backing_mtime_) ||
+                       !SameTime(st.st_ctim, backing_ctime_);
+  backing_size_ = size;
+  backing_mtime_ = st.st_mtim;
+  backing_ctime_ = st.st_ctim;
+  unsure_ = false;
+  const uint64_t seen = backing_seen_size_.exchange(size);
+  if (size > seen && on_kernel_bytes) on_kernel_bytes(size - seen);
+  if (!changed) return Status::OK();
+  if (size > size_) pending_bytes_.fetch_add(size - size_, std::memory_order_relaxed);
+  size_ = size;
+  size_view_ = size_;
+  dirty_ = true;
+  ++changes_;
+  MutexLock view(view_mu_);
+  PublishMtimeLocked(st.st_mtim);
+  return Status::OK();
+}
+
+Result<FileDescriptor> OpenInode::StartPassthrough() {
+  MutexLock lock(mu_);
+  if (sealed) return Status::ReadOnly("version is sealed");
+  CKPTFS_RETURN_IF_ERROR(error_);
+  if (size_ != 0 || passthrough_handles_.load() != 0) {
+    return Status::InvalidArgument("passthrough needs an empty file without other such handles");
+  }
+  CKPTFS_ASSIGN_OR_RETURN(FileDescriptor fd,
+                          ckptfs::OpenFile(staging_dir_, O_TMPFILE | O_RDWR, 0600));
+  const int kernel_fd = ::fcntl(fd.get(), F_DUPFD_CLOEXEC, 0);
+  const int view_fd = kernel_fd < 0 ? -1 : ::fcntl(fd.get(), F_DUPFD_CLOEXEC, 0);
+  if (view_fd < 0) {
+    const int err = errno;
+    if (kernel_fd >= 0) ::close(kernel_fd);
+    return Status::FromErrno(err, "duplicate staging file descriptor");
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) {
+    const int err = errno;
+    ::close(kernel_fd);
+    ::close(view_fd);
+    return Status::FromErrno(err, "stat staging file");
+  }
+  // Counted before `sealed` is read again, as Seal() sets `sealed` before it reads the count:
+  // one of the two sees the other.
+  passthrough_handles_ = 1;
+  if (sealed) {
+    passthrough_handles_ = 0;
+    ::close(kernel_fd);
+    ::close(view_fd);
+    return Status::ReadOnly("version is sealed");
+  }
+  DropStreamLocked();
+  staging_ = std::move(fd);
+  backing_ = true;
+  backing_size_ = 0;
+  backing_seen_size_ = 0;
+  backing_mtime_ = st.st_mtim;
+  backing_ctime_ = st.st_ctim;
+  unsure_ = false;
+  TouchLocked();  // an empty new content, whether or not the kernel writes
+  {
+    MutexLock view(view_mu_);
+    backing_view_ = FileDescriptor(view_fd);
+    published_mtime_ = st.st_mtim;
+    passthrough_start_ns_ = NowUnixNs();
+  }
+  return FileDescriptor(kernel_fd);
+}
+
+bool OpenInode::AddPassthroughHandle() {
+  MutexLock lock(mu_);
+  if (!backing_ || !staging_.valid() || passthrough_handles_.load() == 0) return false;
+  ++passthrough_handles_;
+  return true;
+}
+
+void OpenInode::EndPassthroughHandle() {
+  // No mu_: a commit may hold it for seconds. The views take the file's last size now, before
+  // the release's commit, so that a stat() right after close() sees it.
+  RefreshViewFromBacking();
+  if (--passthrough_handles_ == 0) {
+    MutexLock view(view_mu_);
+    backing_view_ = FileDescriptor();
+  }
+}
+
+void OpenInode::RefreshViewFromBacking() {
+  MutexLock view(view_mu_);
+  if (!backing_view_.valid()) return;
+  struct stat st {};
+  if (::fstat(backing_view_.get(), &st) != 0) return;
+  size_view_ = static_cast<uint64_t>(st.st_size);
+  PublishMtimeLocked(st.st_mtim);
+}
+
+void OpenInode::set_mtime_view(int64_t ns) {
+  MutexLock view(view_mu_);
+  if (backing_view_.valid()) {
+    // The view's mtime follows the backing file's on each new write: give it this one.
+    const timespec times[2] = {{0, UTIME_OMIT}, {ns / 1000000000, ns % 1000000000}};
+    struct stat st {};
+    if (::futimens(backing_view_.get(), times) == 0 && ::fstat(backing_view_.get(), &st) == 0) {
+      published_mtime_ = st.st_mtim;
+    }
+  }
+  mtime_view_ = ns;
+}
+
+void OpenInode::PublishMtimeLocked(const timespec& mtime) {
+  // Only a new write moves the view's mtime: a utime() since the last one (cp -p right after
+  // close) stays.
+  if (SameTime(mtime, published_mtime_)) return;
+  published_mtime_ = mtime;
+  // The kernel stamps with its coarse clock (up to a tick behind): never before the file was
+  // opened for these writes, as the daemon's own clock said then.
+  mtime_view_ = std::max(Ns(mtime), passthrough_start_ns_);
+}
+
+uint64_t OpenInode::pending_bytes() {
+  uint64_t pending = pending_bytes_.load(std::memory_order_relaxed);
+  if (passthrough_handles_.load() > 0) {
+    RefreshViewFromBacking();
+    const uint64_t now = size_view_.load(), seen = backing_seen_size_.load();
+    if (now > seen) pending += now - seen;
+  }
+  return pending;
+}
+
+uint64_t OpenInode::size_view() {
+  if (passthrough_handles_.load() > 0) RefreshViewFromBacking();
+  return size_view_.load();
+}
+
+int64_t OpenInode::mtime_view() {
+  if (passthrough_handles_.load() > 0) RefreshViewFromBacking();
+  return mtime_view_.load();
 }
 
 }  // namespace ckptfs

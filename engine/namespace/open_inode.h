@@ -26,6 +26,16 @@
 // non-zero size, copies the bytes so far into an unnamed staging file (O_TMPFILE in the
 // staging directory) and continues there; Commit() streams it into the store.
 //
+// FUSE passthrough (docs/fs.md, "FUSE passthrough"): StartPassthrough() makes an empty file's
+// bytes an unnamed staging file that the kernel then writes and reads directly (the FUSE
+// adapter registers it as the handle's backing file); this class sees no Write() for them. It
+// learns what the kernel wrote from the staging file's size and change time (fine-grained:
+// FileSystem checks that the staging directory's filesystem gives them), on every commit and
+// read; a commit that ran while a passthrough writer could write concurrently (not under an
+// fsync, during which the kernel holds the inode's lock) makes the next one read it all again.
+// The staging file stays while passthrough handles are open, and goes with the first commit
+// after the last one.
+//
 // Errors: a failed write of streamed bytes is sticky (later writes, reads, Flush and Commit
 // report it; the inode keeps its previous content). A failed commit of a staged file leaves
 // the staging file, so a later commit may retry.
@@ -34,6 +44,8 @@
 // fields belong to FileSystem (see there), as do the file's version and handle count (kept in
 // FileSystem's table of open files, under its lock).
 #pragma once
+
+#include <time.h>
 
 #include <atomic>
 #include <cstdint>
@@ -90,6 +102,24 @@ class OpenInode : public IngestTarget, public std::enable_shared_from_this<OpenI
   // (dropped meanwhile) releases the new content instead.
   Status Commit();
 
+  // Passthrough. StartPassthrough: the file (empty, no other passthrough handle, not sealed)
+  // keeps its bytes in a new staging file; returns a descriptor of it for the kernel, and
+  // counts one passthrough handle. AddPassthroughHandle: another handle shares that file
+  // (see below). EndPassthroughHandle: one went (after the kernel's
+  // last write through it).
+  Result<FileDescriptor> StartPassthrough();
+  // False (nothing counted) when the staging file is gone: the last passthrough handle went
+  // and a commit dropped it; the caller opens without passthrough then.
+  bool AddPassthroughHandle();
+  void EndPassthroughHandle();
+  // Publishes the backing file's size and mtime to the views (FileSystem::Flush of a
+  // passthrough handle: close() waits for it, so a utime() after it stays).
+  void RefreshViewFromBacking();
+  int passthrough_handles() const { return passthrough_handles_.load(); }
+  // FileSystem::Fsync counts itself here while its commit runs: the kernel holds the inode's
+  // lock for the whole fsync, so no passthrough write runs meanwhile.
+  std::atomic<int> fsyncs_in_progress{0};
+
   // The Ingester's call: appends spooled bytes to the writer.
   bool IngestSome(MutableBytes scratch) override;
 
@@ -97,13 +127,20 @@ class OpenInode : public IngestTarget, public std::enable_shared_from_this<OpenI
   // lock). Once no handle is left only Commit() runs on the file, so a file released with
   // such a change has the commit of that release still queued.
   bool changed_since_commit() const { return changes_.load() != committed_changes_.load(); }
-  // Size and mtime including uncommitted writes, for GetAttr (no lock).
-  uint64_t size_view() const { return size_view_.load(); }
-  int64_t mtime_view() const { return mtime_view_.load(); }
+  // Size and mtime including uncommitted writes, for GetAttr (no lock but a short one of its
+  // own while passthrough handles are open: then they come from the staging file).
+  uint64_t size_view();
+  int64_t mtime_view();
   // utime() of an open file: the commit binds this mtime.
-  void set_mtime_view(int64_t ns) { mtime_view_ = ns; }
+  // (A passthrough file's backing file takes it too, so that the kernel's writes before it do
+  // not bring their own mtime back.)
+  void set_mtime_view(int64_t ns);
   // Bytes written since the last commit that made them durable (no lock).
-  uint64_t pending_bytes() const { return pending_bytes_.load(std::memory_order_relaxed); }
+  // (With passthrough handles open, what the staging file grew by since the last look too.)
+  uint64_t pending_bytes();
+  // Called with the bytes a passthrough file grew by, as this class learns of them (for the
+  // daemon's bytes-written counter). Set before the file is shared; null: none.
+  std::function<void(uint64_t)> on_kernel_bytes;
 
   const Ino ino;
   // ---- FileSystem's bookkeeping (filesystem.cc) -------------------------------------------
@@ -124,6 +161,11 @@ class OpenInode : public IngestTarget, public std::enable_shared_from_this<OpenI
   Status WaitIngestedLocked() REQUIRES(mu_);
   // Drops the writer (its chunks are abandoned) and the spool.
   void DropStreamLocked() REQUIRES(mu_);
+  // Takes in what the kernel wrote to a passthrough staging file since the last look (all of
+  // it again when `unsure_`): size, mtime, and the file dirty if it changed.
+  Status RefreshFromBackingLocked() REQUIRES(mu_);
+  // Sets the view's mtime to the backing file's if that changed since it was last published.
+  void PublishMtimeLocked(const timespec& mtime) REQUIRES(view_mu_);
 
   Store* const store_;
   const std::filesystem::path staging_dir_;
@@ -140,6 +182,21 @@ class OpenInode : public IngestTarget, public std::enable_shared_from_this<OpenI
   std::atomic<uint64_t> pending_bytes_{0};      // written under mu_ (Write, Commit)
   std::atomic<uint64_t> size_view_;
   std::atomic<int64_t> mtime_view_;
+
+  // Passthrough state. backing_: staging_ has been a passthrough backing file since it was
+  // made (the kernel may have written it); backing_seen_: its size, mtime and ctime at the
+  // last look; unsure_: a commit ran while a passthrough writer could write concurrently.
+  bool backing_ GUARDED_BY(mu_) = false;
+  struct timespec backing_mtime_ GUARDED_BY(mu_) {};
+  struct timespec backing_ctime_ GUARDED_BY(mu_) {};
+  uint64_t backing_size_ GUARDED_BY(mu_) = 0;
+  bool unsure_ GUARDED_BY(mu_) = false;
+  std::atomic<uint64_t> backing_seen_size_{0};  // size_ at the last RefreshFromBackingLocked
+  std::atomic<int> passthrough_handles_{0};
+  Mutex view_mu_;                                     // never held with mu_ taken after it
+  FileDescriptor backing_view_ GUARDED_BY(view_mu_);  // a dup of staging_ for GetAttr
+  timespec published_mtime_ GUARDED_BY(view_mu_){};   // the backing mtime in mtime_view_
+  int64_t passthrough_start_ns_ GUARDED_BY(view_mu_) = 0;
 
   // The streaming state. writer_, spool_ and spool_start_ change only with both mu_ and
   // ingest_mu_ held, so either lock suffices to read them; the Ingester takes only ingest_mu_

@@ -3,12 +3,14 @@
 #include "engine/namespace/open_inode.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <random>
 #include <thread>
 
+#include "engine/util/file.h"
 #include "engine/util/test_buffers.h"
 
 namespace ckptfs {
@@ -262,6 +264,91 @@ TEST_P(OpenInodeTest, CommitOfADroppedInodeReleasesItsContent) {
   auto st = store_->Stats();
   ASSERT_TRUE(st.ok());
   EXPECT_EQ(st->contents, 0u);
+}
+
+// ---- FUSE passthrough: the test writes the staging file as the kernel would ---------------
+
+void KernelWrite(const FileDescriptor& fd, uint64_t offset, const std::string& bytes) {
+  ASSERT_EQ(::pwrite(fd.get(), bytes.data(), bytes.size(), static_cast<off_t>(offset)),
+            static_cast<ssize_t>(bytes.size()));
+}
+
+TEST_P(OpenInodeTest, PassthroughWritesAreCommittedAndLaterOnesAgain) {
+  auto f = Open(MakeInode(2));
+  auto fd = f->StartPassthrough();
+  ASSERT_TRUE(fd.ok()) << fd.status().ToString();
+  EXPECT_EQ(f->passthrough_handles(), 1);
+  std::string expect = Str(RandomBuffer(3 << 20, 20));
+  KernelWrite(*fd, 0, expect);
+  EXPECT_EQ(f->size_view(), expect.size());  // GetAttr sees the kernel's writes
+  ++f->fsyncs_in_progress;                   // as FileSystem::Fsync does
+  ASSERT_TRUE(f->Commit().ok());
+  --f->fsyncs_in_progress;
+  EXPECT_EQ(ReadContent(Committed(2).content, Committed(2).size), expect);
+  // More bytes after the fsync, then close: the release's commit finds them by the file's
+  // size and times.
+  std::string more = Str(RandomBuffer(1 << 20, 21));
+  KernelWrite(*fd, expect.size(), more);
+  expect += more;
+  f->EndPassthroughHandle();
+  EXPECT_EQ(f->size_view(), expect.size());  // published at close, before the commit
+  EXPECT_EQ(ReadVisible(*f, expect.size() - 10, 10), expect.substr(expect.size() - 10));
+  ASSERT_TRUE(f->Commit().ok());
+  Inode after = Committed(2);
+  EXPECT_EQ(after.size, expect.size());
+  EXPECT_EQ(ReadContent(after.content, after.size), expect);
+  // The staging file went with that commit: the file is clean and no handle can join it.
+  EXPECT_FALSE(f->AddPassthroughHandle());
+  EXPECT_FALSE(f->changed_since_commit());
+}
+
+TEST_P(OpenInodeTest, PassthroughOverwriteAfterACommitIsNotLost) {
+  auto f = Open(MakeInode(2));
+  auto fd = f->StartPassthrough();
+  ASSERT_TRUE(fd.ok());
+  std::string expect = Str(RandomBuffer(2 << 20, 22));
+  KernelWrite(*fd, 0, expect);
+  ASSERT_TRUE(f->Commit().ok());  // a sync: not under an fsync, the writer could write on
+  KernelWrite(*fd, 1000, "overwritten in place");  // same size
+  expect.replace(1000, 20, "overwritten in place");
+  f->EndPassthroughHandle();
+  ASSERT_TRUE(f->Commit().ok());
+  EXPECT_EQ(ReadContent(Committed(2).content, Committed(2).size), expect);
+}
+
+TEST_P(OpenInodeTest, PassthroughJoinTruncateAndSetattr) {
+  auto f = Open(MakeInode(2));
+  auto fd = f->StartPassthrough();
+  ASSERT_TRUE(fd.ok());
+  KernelWrite(*fd, 0, "first writer's bytes");
+  ASSERT_TRUE(f->AddPassthroughHandle());  // a second open of the file
+  EXPECT_EQ(f->passthrough_handles(), 2);
+  f->TruncateForOpen();  // it had O_TRUNC: the shared file empties, and stays
+  struct stat st {};
+  ASSERT_EQ(::fstat(fd->get(), &st), 0);
+  EXPECT_EQ(st.st_size, 0);
+  KernelWrite(*fd, 0, "after the truncate, and more");
+  ASSERT_TRUE(f->Truncate(16).ok());  // ftruncate through FUSE's setattr
+  f->EndPassthroughHandle();
+  f->EndPassthroughHandle();
+  ASSERT_TRUE(f->Commit().ok());
+  Inode after = Committed(2);
+  EXPECT_EQ(ReadContent(after.content, after.size), "after the trunca");
+}
+
+TEST_P(OpenInodeTest, PassthroughOnlyForAnEmptyUnsealedFile) {
+  auto written = Open(MakeInode(2));
+  ASSERT_TRUE(written->Write(0, AsBytes("bytes"), false).ok());
+  EXPECT_FALSE(written->StartPassthrough().ok());
+  auto sealed = Open(MakeInode(3));
+  sealed->sealed = true;
+  auto refused = sealed->StartPassthrough();
+  EXPECT_EQ(refused.status().code(), Status::Code::kReadOnly);
+  EXPECT_EQ(sealed->passthrough_handles(), 0);
+  auto twice = Open(MakeInode(4));
+  ASSERT_TRUE(twice->StartPassthrough().ok());
+  EXPECT_FALSE(twice->StartPassthrough().ok());  // the second handle joins instead
+  twice->EndPassthroughHandle();
 }
 
 }  // namespace

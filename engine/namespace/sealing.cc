@@ -40,9 +40,25 @@ Status FileSystem::Seal(Ino ino) {
     MutexLock lock(open_mu_);
     sealing_.insert(ino);  // files opened from now on are sealed too (OpenInodeFor)
     for (const auto& [i, open] : open_files_) {
+      if ((open.version == ino || i == ino) && open.file->passthrough_handles() > 0) {
+        sealing_.erase(ino);
+        return Status::Busy(
+            "a file of this version is open for writing through FUSE passthrough, whose "
+            "writes cannot be refused: close it, then seal");
+      }
+    }
+    for (const auto& [i, open] : open_files_) {
       if (open.version == ino || i == ino) {
         open.file->sealed = true;  // further writes fail with EROFS
         in_version.push_back(open.file);
+      }
+    }
+    // A passthrough start that raced the check above sees `sealed` now, or is seen here.
+    for (const auto& file : in_version) {
+      if (file->passthrough_handles() > 0) {
+        for (const auto& f : in_version) f->sealed = false;
+        sealing_.erase(ino);
+        return Status::Busy("a file of this version was just opened through FUSE passthrough");
       }
     }
   }

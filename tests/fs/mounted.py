@@ -122,6 +122,13 @@ def store_stats(store):
     return stats
 
 
+def passthrough_opens(mnt):
+    """Handles the mount at `mnt` has opened with FUSE passthrough (fs/passthrough.h)."""
+    import json
+    with open(os.path.join(mnt, ".ckptfs", "stats")) as f:
+        return json.load(f).get("passthrough", {}).get("opens", 0)
+
+
 def force_unmount(mountpoint, pid=None):
     """Detaches a mount whatever its state (lazy) and kills its daemon if it still runs."""
     if is_mounted(mountpoint):
