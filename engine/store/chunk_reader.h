@@ -17,12 +17,11 @@
 // - A record stored raw (codec none, plain) is read straight into the buffer that is returned:
 //   no copy after the read.
 // - Direct reads (DirectReads::kWhereUncached; StoreOptions::direct_reads, off by default): a
-// record whose bytes are
-//   not all in the page cache (cachestat(2)) is read with O_DIRECT, from the disk into the
-//   record's buffer, with no page-cache pages allocated, filled and copied out, and none
-//   evicted from other files; a cached record (just written, re-encoded, read again) is read
-//   from the page cache as before. Where the kernel or the filesystem offers neither
-//   cachestat nor O_DIRECT, every read goes through the page cache.
+//   record whose bytes are not all in the page cache (cachestat(2)) is read with O_DIRECT,
+//   from the disk into the record's buffer, with no page-cache pages allocated, filled and
+//   copied out, and none evicted from other files; a cached record (just written, re-encoded,
+//   read again) is read from the page cache as before. Where the kernel or the filesystem
+//   offers neither cachestat nor O_DIRECT, every read goes through the page cache.
 // - A delta's base is rebuilt before its own record is read, so a load holds at most one
 //   record, the base and the result at a time, however long the chain.
 // - Load is single-flight: a second caller for a chunk being decoded waits for that decode.

@@ -155,7 +155,9 @@ def worker(k, mnt_root, ref_root, n, seed, results):
         for d in DIRS[1:]:
             os.makedirs(os.path.join(root, d))
     counts, errors, mismatches = {}, {}, []
+    done = 0
     for i in range(n):
+        done = i + 1
         op, describe, fn = make_op(rng)
         got, want = outcome(lambda: fn(mine)), outcome(lambda: fn(ref))
         counts[op] = counts.get(op, 0) + 1
@@ -166,7 +168,7 @@ def worker(k, mnt_root, ref_root, n, seed, results):
                               % (k, i, describe, got, want))
             if len(mismatches) >= 20:
                 break
-    results.put({"process": k, "ops": i + 1, "counts": counts, "errors": errors,
+    results.put({"process": k, "ops": done, "counts": counts, "errors": errors,
                  "mismatches": mismatches})
 
 
