@@ -628,15 +628,7 @@ Status FileSystem::Write(uint64_t fh, uint64_t offset, Bytes data) {
   ScopedLatency timed(metrics_.write);
   CKPTFS_ASSIGN_OR_RETURN(Handle h, GetHandle(fh));
   OpenInode& f = *h.file;
-  if (!f.reference_settled.exchange(true)) {
-    // The same file of the previous version is this one's delta reference: if it was closed
-    // but its commit is still queued (`cp -r` of one version right after another), commit it
-    // now, so that deltas do not depend on timing. Before the file's lock: the committer needs it.
-    if (std::optional<Ino> previous = ReferenceFile(f)) {
-      Status s = CommitIfClosed(*previous);
-      if (!s.ok()) spdlog::warn("inode {}: committing its reference: {}", f.ino, s.ToString());
-    }
-  }
+  SettleReference(f);  // before the file's lock: the committer needs it
   Status s = f.Write(offset, data, (h.flags & O_APPEND) != 0);
   if (s.ok()) metrics_.bytes_written.fetch_add(data.size(), std::memory_order_relaxed);
   return s;
@@ -673,35 +665,37 @@ bool FileSystem::PassthroughEligible(uint64_t fh) {
 
 Result<FileDescriptor> FileSystem::StartPassthrough(uint64_t fh) {
   CKPTFS_ASSIGN_OR_RETURN(Handle h, GetHandle(fh));
-  OpenInode& f = *h.file;
-  if (!f.reference_settled.exchange(true)) {
-    // As Write() does on a file's first write (the kernel's writes do not come here).
-    if (std::optional<Ino> previous = ReferenceFile(f)) {
-      Status s = CommitIfClosed(*previous);
-      if (!s.ok()) spdlog::warn("inode {}: committing its reference: {}", f.ino, s.ToString());
-    }
-  }
-  CKPTFS_ASSIGN_OR_RETURN(FileDescriptor fd, f.StartPassthrough());
-  MutexLock lock(open_mu_);
-  auto it = handles_.find(fh);
-  if (it != handles_.end()) it->second.passthrough = true;
+  SettleReference(*h.file);  // the kernel's writes do not come to Write()
+  CKPTFS_ASSIGN_OR_RETURN(FileDescriptor fd, h.file->StartPassthrough());
+  MarkPassthrough(fh, true);
   return fd;
 }
 
-void FileSystem::AbandonPassthrough(uint64_t fh) {
+void FileSystem::SettleReference(OpenInode& f) {
+  if (f.reference_settled.exchange(true)) return;
+  // The same file of the previous version is this one's delta reference: if it was closed
+  // but its commit is still queued (`cp -r` of one version right after another), commit it
+  // now, so that deltas do not depend on timing.
+  if (std::optional<Ino> previous = ReferenceFile(f)) {
+    Status s = CommitIfClosed(*previous);
+    if (!s.ok()) spdlog::warn("inode {}: committing its reference: {}", f.ino, s.ToString());
+  }
+}
+
+void FileSystem::MarkPassthrough(uint64_t fh, bool on) {
   MutexLock lock(open_mu_);
   auto it = handles_.find(fh);
-  if (it == handles_.end() || !it->second.passthrough) return;
-  it->second.passthrough = false;
-  it->second.file->EndPassthroughHandle();
+  if (it == handles_.end() || it->second.passthrough == on) return;
+  it->second.passthrough = on;
+  if (!on) it->second.file->EndPassthroughHandle();
 }
+
+void FileSystem::AbandonPassthrough(uint64_t fh) { MarkPassthrough(fh, false); }
 
 bool FileSystem::JoinPassthrough(uint64_t fh) {
   auto h = GetHandle(fh);
   if (!h.ok() || !h->file->AddPassthroughHandle()) return false;
-  MutexLock lock(open_mu_);
-  auto it = handles_.find(fh);
-  if (it != handles_.end()) it->second.passthrough = true;
+  MarkPassthrough(fh, true);
   return true;
 }
 

@@ -232,6 +232,11 @@ class FileSystem {
   };
 
   FileSystem(Store* store, const FileSystemOptions& options);
+  // On a file's first write (or passthrough start): commits its delta reference if that was
+  // closed with its commit still queued. Without the file's lock.
+  void SettleReference(OpenInode& f);
+  // Marks handle `fh` as passthrough or not (off: the file counts one passthrough handle less).
+  void MarkPassthrough(uint64_t fh, bool on);
   Status Init();
   Result<Inode> MustGet(const Catalog::ReadTxn& txn, Ino ino);
   Status CheckWritable(const Catalog::ReadTxn& txn, const Inode& inode);
