@@ -40,6 +40,12 @@ void ReplyError(fuse_req_t req, const Status& s) {
   fuse_reply_err(req, err == 0 ? EIO : err);
 }
 
+// The reply of a request that returns no data: success, or the error (logged as ReplyError's).
+void ReplyStatus(fuse_req_t req, const Status& s) {
+  if (s.ok()) return (void)fuse_reply_err(req, 0);
+  ReplyError(req, s);
+}
+
 struct stat ToStat(const Inode& n) {
   struct stat st {};
   st.st_ino = n.ino;
@@ -144,16 +150,16 @@ void OnMknod(fuse_req_t req, fuse_ino_t, const char*, mode_t, dev_t) {
 }
 
 void OnUnlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
-  fuse_reply_err(req, Fs(req).Unlink(parent, name).ToErrno());
+  ReplyStatus(req, Fs(req).Unlink(parent, name));
 }
 
 void OnRmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
-  fuse_reply_err(req, Fs(req).Rmdir(parent, name).ToErrno());
+  ReplyStatus(req, Fs(req).Rmdir(parent, name));
 }
 
 void OnRename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t newparent,
               const char* newname, unsigned int flags) {
-  fuse_reply_err(req, Fs(req).Rename(parent, name, newparent, newname, flags).ToErrno());
+  ReplyStatus(req, Fs(req).Rename(parent, name, newparent, newname, flags));
 }
 
 // Every change to a file's bytes comes through this mount, so the kernel's page cache is
@@ -219,15 +225,15 @@ void OnWrite(fuse_req_t req, fuse_ino_t, const char* data, size_t size, off_t of
 }
 
 void OnFlush(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
-  fuse_reply_err(req, Fs(req).Flush(fi->fh).ToErrno());
+  ReplyStatus(req, Fs(req).Flush(fi->fh));
 }
 
 void OnRelease(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
-  fuse_reply_err(req, FusePassthrough::Release(Fs(req), fi->fh).ToErrno());
+  ReplyStatus(req, FusePassthrough::Release(Fs(req), fi->fh));
 }
 
 void OnFsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info* fi) {
-  fuse_reply_err(req, Fs(req).Fsync(fi->fh).ToErrno());
+  ReplyStatus(req, Fs(req).Fsync(fi->fh));
 }
 
 void OnOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
@@ -281,7 +287,7 @@ void OnStatfs(fuse_req_t req, fuse_ino_t) {
 
 void OnSetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* value, size_t size,
                 int flags) {
-  fuse_reply_err(req, Fs(req).SetXattr(ino, name, {value, size}, flags).ToErrno());
+  ReplyStatus(req, Fs(req).SetXattr(ino, name, {value, size}, flags));
 }
 
 void ReplyXattrBytes(fuse_req_t req, const std::string& bytes, size_t size) {
@@ -309,7 +315,7 @@ void OnListxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
 }
 
 void OnRemovexattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
-  fuse_reply_err(req, Fs(req).RemoveXattr(ino, name).ToErrno());
+  ReplyStatus(req, Fs(req).RemoveXattr(ino, name));
 }
 
 fuse_lowlevel_ops MakeOps() {

@@ -250,6 +250,12 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
     fs_options.spool_backlog_bytes = 0;
   }
   if (mirror) fs_options.after_durable = [m = mirror.get()] { return m->Publish(); };
+  // The fsync journal of passthrough files (docs/fs.md, "Fsync journal"); CKPTFS_FSYNC_JOURNAL=0
+  // makes their fsync commit as every other file's does (the benchmark's and the tests' switch).
+  if (const char* j = std::getenv("CKPTFS_FSYNC_JOURNAL"); j && std::string(j) == "0") {
+    spdlog::warn("CKPTFS_FSYNC_JOURNAL=0: fsync commits passthrough files");
+    fs_options.fsync_journal = false;
+  }
   auto fs = FileSystem::Open(store->get(), fs_options);
   if (!fs.ok()) {
     ready.Report(fs.status().ToString());

@@ -20,10 +20,16 @@ Committer::~Committer() {
 }
 
 Status Committer::Commit(std::shared_ptr<OpenInode> file, bool release, bool wait) {
-  return Enqueue(Request{std::move(file), release, nullptr}, wait);
+  return Enqueue(Request{std::move(file), release, false, nullptr}, wait);
 }
 
-Status Committer::Barrier() { return Enqueue(Request{nullptr, false, nullptr}, /*wait=*/true); }
+Status Committer::Journal(std::shared_ptr<OpenInode> file) {
+  return Enqueue(Request{std::move(file), false, /*journal=*/true, nullptr}, /*wait=*/true);
+}
+
+Status Committer::Barrier() {
+  return Enqueue(Request{nullptr, false, false, nullptr}, /*wait=*/true);
+}
 
 Status Committer::Enqueue(Request request, bool wait) {
   std::future<Status> done;
@@ -53,7 +59,12 @@ void Committer::Run() {
     }
     Status s;
     if (req.file) {
-      s = req.file->Commit();
+      if (req.journal) {
+        Result<bool> journaled = req.file->Journal();
+        s = !journaled.ok() ? journaled.status() : *journaled ? Status::OK() : req.file->Commit();
+      } else {
+        s = req.file->Commit();
+      }
       if (req.release && on_released_) on_released_(req.file);
       depth_.fetch_sub(1, std::memory_order_relaxed);
     }

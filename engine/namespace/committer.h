@@ -7,6 +7,7 @@
 //   Committer committer([](const std::shared_ptr<OpenInode>& f) { /* forget f */ });
 //   committer.Commit(file, /*release=*/true, /*wait=*/false);  // close(): returns at once
 //   CKPTFS_RETURN_IF_ERROR(committer.Commit(file, false, /*wait=*/true));  // fsync()
+//   CKPTFS_RETURN_IF_ERROR(committer.Journal(file));  // fsync() of a passthrough file
 //   CKPTFS_RETURN_IF_ERROR(committer.Barrier());  // sync(): everything queued before
 //
 // A commit that fails is logged by OpenInode::Commit and reported to whoever waits for it, and
@@ -38,6 +39,9 @@ class Committer {
 
   // Queues a commit of `file`; with wait, returns its status once it ran.
   Status Commit(std::shared_ptr<OpenInode> file, bool release, bool wait);
+  // fsync() of a passthrough file: in queue order, makes its bytes durable in its journal
+  // (OpenInode::Journal), or commits it where that does not apply; waits.
+  Status Journal(std::shared_ptr<OpenInode> file);
   // Returns once everything queued before it ran: the first failure since the last barrier.
   Status Barrier();
   // Commits queued or running now (barriers not counted).
@@ -47,6 +51,7 @@ class Committer {
   struct Request {
     std::shared_ptr<OpenInode> file;  // null: a barrier
     bool release = false;             // the last handle went: on_released afterwards
+    bool journal = false;             // Journal() rather than Commit()
     std::shared_ptr<std::promise<Status>> done;
   };
   Status Enqueue(Request request, bool wait);

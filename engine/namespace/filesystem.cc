@@ -6,6 +6,7 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 
@@ -45,6 +46,7 @@ Result<std::unique_ptr<FileSystem>> FileSystem::Open(Store* store,
   }
   fs->committer_ = std::make_unique<Committer>(
       [p = fs.get()](const std::shared_ptr<OpenInode>& file) { p->ForgetReleased(file); });
+  CKPTFS_RETURN_IF_ERROR(fs->RecoverJournals());
   if (options.seal_after.count() > 0) fs->sealer_ = std::thread([p = fs.get()] { p->RunSealer(); });
   return fs;
 }
@@ -121,6 +123,48 @@ Status FileSystem::Init() {
   CKPTFS_RETURN_IF_ERROR(err);
   for (const Inode& orphan : orphans) CKPTFS_RETURN_IF_ERROR(DropInode(txn, orphan));
   return txn.Commit();
+}
+
+Status FileSystem::RecoverJournals() {
+  std::vector<std::filesystem::path> found;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(staging_dir_, ec)) {
+    found.push_back(entry.path());
+  }
+  if (ec) return Status::IOError("list " + staging_dir_.string() + ": " + ec.message());
+  std::sort(found.begin(), found.end());
+  for (const std::filesystem::path& path : found) {
+    const std::string name = path.filename().string();
+    auto journal = OpenInode::ParseJournalName(name);
+    std::optional<Inode> inode;
+    if (journal) {
+      CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginRead());
+      CKPTFS_ASSIGN_OR_RETURN(inode, GetInode(txn, journal->first));
+    }
+    if (!journal || !inode || !inode->is_reg() || inode->nlink == 0 ||
+        inode->content != journal->second) {
+      // A link being made, or a journal whose file was committed or removed since.
+      if (journal) spdlog::info("journal {}: its file changed since; dropped", name);
+      if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+        return Errno(errno, "remove stale journal " + path.string());
+      }
+      continue;
+    }
+    CKPTFS_ASSIGN_OR_RETURN(FileDescriptor fd, ckptfs::OpenFile(path, O_RDWR, 0));
+    CKPTFS_ASSIGN_OR_RETURN(std::shared_ptr<OpenInode> file, OpenInodeFor(inode->ino));
+    Status adopted = file->AdoptJournal(std::move(fd), name);
+    {
+      MutexLock lock(open_mu_);
+      --open_files_[inode->ino].handles;
+    }
+    CKPTFS_RETURN_IF_ERROR(adopted);
+    spdlog::warn(
+        "inode {}: {} bytes that an fsync acknowledged before the daemon stopped are "
+        "committed now (journal {})",
+        inode->ino, file->size_view(), name);
+    CKPTFS_RETURN_IF_ERROR(committer_->Commit(file, /*release=*/true, /*wait=*/false));
+  }
+  return Status::OK();
 }
 
 // ---- Namespace ------------------------------------------------------------------------------
@@ -646,7 +690,9 @@ Status FileSystem::Fsync(uint64_t fh) {
   ScopedLatency timed(metrics_.fsync);
   CKPTFS_ASSIGN_OR_RETURN(Handle h, GetHandle(fh));
   ++h.file->fsyncs_in_progress;
-  Status s = committer_->Commit(h.file, /*release=*/false, /*wait=*/true);
+  Status s = h.passthrough && options_.fsync_journal && !options_.after_durable
+                 ? committer_->Journal(h.file)
+                 : committer_->Commit(h.file, /*release=*/false, /*wait=*/true);
   --h.file->fsyncs_in_progress;
   CKPTFS_RETURN_IF_ERROR(s);
   return options_.after_durable ? options_.after_durable() : Status::OK();
@@ -755,7 +801,7 @@ void FileSystem::ForgetReleased(const std::shared_ptr<OpenInode>& file) {
     MutexLock lock(open_mu_);
     auto it = open_files_.find(file->ino);
     forget = it != open_files_.end() && it->second.file == file && it->second.handles == 0 &&
-             !file->changed_since_commit();
+             !file->changed_since_commit() && !file->holds_journal();
     if (forget) open_files_.erase(it);
   }
   if (forget) {
@@ -938,12 +984,16 @@ Result<struct statvfs> FileSystem::StatFs() {
 // ---- Durability and versions ----------------------------------------------------------------
 
 Status FileSystem::Sync() {
-  std::vector<std::shared_ptr<OpenInode>> open;
+  std::vector<std::pair<std::shared_ptr<OpenInode>, bool>> open;  // and whether released
   {
     MutexLock lock(open_mu_);
-    for (const auto& [ino, entry] : open_files_) open.push_back(entry.file);
+    for (const auto& [ino, entry] : open_files_) open.emplace_back(entry.file, entry.handles == 0);
   }
-  for (auto& file : open) CKPTFS_RETURN_IF_ERROR(committer_->Commit(file, false, /*wait=*/false));
+  // A released file is still here when its commit is queued, or failed and holds a journal:
+  // as a release, so that the table forgets it once committed.
+  for (auto& [file, released] : open) {
+    CKPTFS_RETURN_IF_ERROR(committer_->Commit(file, released, /*wait=*/false));
+  }
   CKPTFS_RETURN_IF_ERROR(committer_->Barrier());
   return options_.after_durable ? options_.after_durable() : Status::OK();
 }

@@ -77,6 +77,10 @@ struct FileSystemOptions {
   // durability means "in the bucket" (engine/objstore/bucket_mirror.h, docs/scale-out.md).
   // Unset: nothing more.
   std::function<Status()> after_durable;
+  // The fsync of a passthrough file makes its bytes durable in a journal (the staging file,
+  // synced and named) and leaves the commit to close, sync or unmount (open_inode.h, docs/fs.md
+  // "Fsync journal"). Not with after_durable: there durable means published.
+  bool fsync_journal = true;
 };
 
 struct Caller {
@@ -320,6 +324,9 @@ class FileSystem {
   std::set<Ino> sealing_ GUARDED_BY(open_mu_);  // versions whose Seal() is in progress
   uint64_t next_handle_ GUARDED_BY(open_mu_) = 1;
   bool fine_change_times_ = false;  // set by Init()
+  // Journals a daemon left (open_inode.h): each becomes its file's pending content, committed
+  // in the background. Runs in Open(), before anything is served.
+  Status RecoverJournals();
 
   FsMetrics metrics_;
   std::function<std::string()> live_stats_;  // set before serving, then read-only

@@ -7,8 +7,10 @@
 
 #include <atomic>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace ckptfs {
 namespace {
@@ -93,6 +95,94 @@ TEST_F(FileSystemTest, RewriteRightAfterCloseReadsTheLastBytes) {
   stop = true;
   busy.join();
   EXPECT_TRUE(fs_->Sync().ok());
+}
+
+std::vector<std::string> Journals(const std::filesystem::path& staging) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(staging)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("journal-", 0) == 0) out.push_back(name);
+  }
+  return out;
+}
+
+Inode CatalogInode(Store& store, Ino ino) {
+  auto txn = store.catalog().BeginRead();
+  EXPECT_TRUE(txn.ok());
+  auto inode = GetInode(*txn, ino);
+  EXPECT_TRUE(inode.ok() && *inode);
+  return inode.ok() && *inode ? **inode : Inode{};
+}
+
+// fsync of a passthrough handle (the FUSE adapter gave the kernel the staging file) is
+// answered from the journal: nothing is committed until the close; then the journal goes.
+TEST_F(FileSystemTest, FsyncOfAPassthroughFileJournalsAndCloseCommits) {
+  auto made = fs_->Create(kRootIno, "model.pt", 0644, O_WRONLY | O_TRUNC, Caller{});
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  const Ino ino = made->first.ino;
+  auto backing = fs_->StartPassthrough(made->second);
+  ASSERT_TRUE(backing.ok()) << backing.status().ToString();
+  const std::string bytes = "written by the kernel into the staging file";
+  ASSERT_EQ(::pwrite(backing->get(), bytes.data(), bytes.size(), 0),
+            static_cast<ssize_t>(bytes.size()));
+  ASSERT_TRUE(fs_->Fsync(made->second).ok());
+  EXPECT_EQ(Journals(dir_ / "staging").size(), 1u);
+  EXPECT_EQ(CatalogInode(*store_, ino).size, 0u);
+  EXPECT_EQ(ReadAll(ino), bytes);
+  ASSERT_TRUE(fs_->Release(made->second).ok());
+  ASSERT_TRUE(fs_->Sync().ok());
+  EXPECT_EQ(CatalogInode(*store_, ino).size, bytes.size());
+  EXPECT_TRUE(Journals(dir_ / "staging").empty());
+  EXPECT_EQ(ReadAll(ino), bytes);
+}
+
+// The daemon died between an fsync that a journal answered and the commit: the next mount
+// commits the journal; one whose file was committed since is dropped.
+TEST_F(FileSystemTest, JournalLeftByADeadDaemonIsCommittedAtMount) {
+  auto made = fs_->Create(kRootIno, "model.pt", 0644, O_WRONLY, Caller{});
+  ASSERT_TRUE(made.ok());
+  const Ino ino = made->first.ino;
+  ASSERT_TRUE(fs_->Write(made->second, 0, AsBytes("old")).ok());
+  ASSERT_TRUE(fs_->Release(made->second).ok());
+  ASSERT_TRUE(fs_->Sync().ok());
+  fs_.reset();
+  const Inode before = CatalogInode(*store_, ino);
+  ASSERT_NE(before.content, 0u);
+
+  const std::string bytes = "fsynced through passthrough, never committed";
+  {  // what the daemon did before kill -9: an O_TRUNC open, the kernel's writes, the fsync
+    auto f = std::make_shared<OpenInode>(before, store_.get(), dir_ / "staging",
+                                         [this](OpenInode&) { return store_->NewWriter(); });
+    f->TruncateForOpen();
+    auto backing = f->StartPassthrough();
+    ASSERT_TRUE(backing.ok()) << backing.status().ToString();
+    ASSERT_EQ(::pwrite(backing->get(), bytes.data(), bytes.size(), 0),
+              static_cast<ssize_t>(bytes.size()));
+    ++f->fsyncs_in_progress;
+    auto journaled = f->Journal();
+    ASSERT_TRUE(journaled.ok() && *journaled);
+  }
+  // A stale journal of the same file (its content was committed since it was made).
+  {
+    std::ofstream stale(dir_ / "staging" / OpenInode::JournalName(ino, before.content + 1000));
+    stale << "stale bytes";
+  }
+  ASSERT_EQ(Journals(dir_ / "staging").size(), 2u);
+
+  FileSystemOptions options;
+  options.seal_after = std::chrono::milliseconds(0);
+  auto fs = FileSystem::Open(store_.get(), options);
+  ASSERT_TRUE(fs.ok()) << fs.status().ToString();
+  fs_ = std::move(*fs);
+  EXPECT_EQ(ReadAll(ino), bytes);
+  ASSERT_TRUE(fs_->Sync().ok());
+  EXPECT_TRUE(Journals(dir_ / "staging").empty());
+  EXPECT_EQ(CatalogInode(*store_, ino).size, bytes.size());
+  fs_.reset();
+  auto again = FileSystem::Open(store_.get(), options);
+  ASSERT_TRUE(again.ok());
+  fs_ = std::move(*again);
+  EXPECT_EQ(ReadAll(ino), bytes);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +17,8 @@ namespace {
 constexpr size_t kCopyBytes = 4 << 20;
 // Spool pages are punched out in multiples of this once ingested.
 constexpr uint64_t kPunchAlign = 1 << 20;
+// The fsync journal needs this much free space on the disk beyond twice the file's size.
+constexpr uint64_t kJournalHeadroomBytes = 256ull << 20;
 
 bool SameTime(const timespec& a, const timespec& b) {
   return a.tv_sec == b.tv_sec && a.tv_nsec == b.tv_nsec;
@@ -31,6 +34,7 @@ OpenInode::OpenInode(const Inode& inode, Store* store, std::filesystem::path sta
       staging_dir_(std::move(staging_dir)),
       new_writer_(std::move(new_writer)),
       base_(inode.content),
+      committed_(inode.content),
       size_(inode.size),
       size_view_(inode.size),
       mtime_view_(inode.mtime_ns),
@@ -298,7 +302,7 @@ Status OpenInode::Commit() {
     return s;
   }
   if (backing_ && !writers_excluded) unsure_ = true;
-  if (!error_.ok() && backing_ && passthrough_handles_.load() == 0) {
+  if (!error_.ok() && backing_ && passthrough_handles_.load() == 0 && journal_name_.empty()) {
     // The commit failed before and the kernel's last writer is gone: drop the bytes, as a
     // streamed file's are after a failed write (the inode keeps its previous content).
     staging_ = FileDescriptor();
@@ -375,6 +379,12 @@ Status OpenInode::Commit() {
   if (!id.ok()) {
     spdlog::error("committing inode {} failed: {}; it keeps its previous contents", ino,
                   id.status().ToString());
+    if (!journal_name_.empty()) {
+      // An fsync acknowledged these bytes: they stay, in the journal and for the next commit.
+      keep_pending = true;
+      if (passthrough_handles_.load() == 0) backing_ = false;  // no kernel writer is left
+      return id.status();
+    }
     // A failed commit of a staging file the daemon wrote is tried again later; one that the
     // kernel wrote (passthrough) fails as streamed bytes do: sticky, reported to close() and
     // fsync(), the bytes dropped once the last writer is gone (the writer cannot be told to
@@ -388,8 +398,115 @@ Status OpenInode::Commit() {
     return id.status();
   }
   base_ = *id;
+  committed_ = *id;
   dirty_ = false;
+  RemoveJournalLocked();
   return Status::OK();
+}
+
+// ---- Fsync journal ----------------------------------------------------------------------------
+
+std::string OpenInode::JournalName(Ino ino, ContentId committed) {
+  return "journal-" + std::to_string(ino) + "-" + std::to_string(committed);
+}
+
+std::optional<std::pair<Ino, ContentId>> OpenInode::ParseJournalName(std::string_view name) {
+  constexpr std::string_view kPrefix = "journal-";
+  if (name.substr(0, kPrefix.size()) != kPrefix) return std::nullopt;
+  name.remove_prefix(kPrefix.size());
+  const size_t dash = name.find('-');
+  if (dash == std::string_view::npos) return std::nullopt;
+  auto number = [](std::string_view digits) -> std::optional<uint64_t> {
+    if (digits.empty() || digits.size() > 20) return std::nullopt;
+    uint64_t v = 0;
+    for (char c : digits) {
+      if (c < '0' || c > '9') return std::nullopt;
+      const uint64_t next = v * 10 + static_cast<uint64_t>(c - '0');
+      if (next / 10 != v) return std::nullopt;  // overflow
+      v = next;
+    }
+    return v;
+  };
+  auto i = number(name.substr(0, dash));
+  auto c = number(name.substr(dash + 1));
+  if (!i || !c) return std::nullopt;
+  return std::make_pair(Ino{*i}, ContentId{*c});
+}
+
+Result<bool> OpenInode::Journal() {
+  MutexLock lock(mu_);
+  if (!backing_ || !staging_.valid()) return false;
+  CKPTFS_RETURN_IF_ERROR(error_);
+  CKPTFS_RETURN_IF_ERROR(RefreshFromBackingLocked());
+  if (!dirty_) return false;
+  // Only while the disk has room for the commit that must follow (the store's records of the
+  // file, then their compressed form): nearer to full, the fsync commits, so that a full disk
+  // fails the fsync that filled it and not a commit after it.
+  struct statvfs fs {};
+  if (::statvfs(staging_dir_.c_str(), &fs) != 0 ||
+      uint64_t{fs.f_bavail} * fs.f_frsize < 2 * size_ + kJournalHeadroomBytes) {
+    return false;
+  }
+  if (Status s = DataSync(staging_.get(), staging_dir_); !s.ok()) {
+    error_ = s;  // some of the kernel's bytes may never reach the disk
+    return s;
+  }
+  struct stat st {};
+  if (::fstat(staging_.get(), &st) != 0) return Status::FromErrno(errno, "stat staging file");
+  if (journal_name_.empty() || journal_file_ != st.st_ino) {
+    // Linked under a temporary name, then renamed over the name: a journal of an earlier
+    // staging file of this inode (emptied by an O_TRUNC open since) is replaced at once.
+    const std::string name = JournalName(ino, committed_);
+    const std::filesystem::path path = staging_dir_ / name, tmp = staging_dir_ / (name + ".new");
+    const std::string self = "/proc/self/fd/" + std::to_string(staging_.get());
+    ::unlink(tmp.c_str());
+    if (::linkat(AT_FDCWD, self.c_str(), AT_FDCWD, tmp.c_str(), AT_SYMLINK_FOLLOW) != 0 ||
+        ::rename(tmp.c_str(), path.c_str()) != 0) {
+      spdlog::warn("inode {}: cannot name its staging file as a journal ({}); committing instead",
+                   ino, std::strerror(errno));
+      ::unlink(tmp.c_str());
+      return false;
+    }
+    journal_name_ = name;
+    journal_file_ = st.st_ino;
+    holds_journal_ = true;
+    if (Status s = SyncDir(staging_dir_); !s.ok()) {
+      spdlog::warn("inode {}: journal not durable ({}); committing instead", ino, s.ToString());
+      return false;
+    }
+  }
+  pending_bytes_.store(0, std::memory_order_relaxed);
+  return true;
+}
+
+Status OpenInode::AdoptJournal(FileDescriptor fd, std::string name) {
+  MutexLock lock(mu_);
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return Status::FromErrno(errno, "stat journal " + name);
+  DropStreamLocked();
+  staging_ = std::move(fd);
+  backing_ = false;
+  journal_name_ = std::move(name);
+  journal_file_ = st.st_ino;
+  holds_journal_ = true;
+  size_ = static_cast<uint64_t>(st.st_size);
+  size_view_ = size_;
+  mtime_view_ = Ns(st.st_mtim);
+  dirty_ = true;
+  ++changes_;
+  return Status::OK();
+}
+
+void OpenInode::RemoveJournalLocked() {
+  if (journal_name_.empty()) return;
+  const std::filesystem::path path = staging_dir_ / journal_name_;
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+    spdlog::warn("inode {}: cannot remove the journal {} ({}); the next mount drops it", ino,
+                 path.string(), std::strerror(errno));
+  }
+  journal_name_.clear();
+  journal_file_ = 0;
+  holds_journal_ = false;
 }
 
 // ---- Passthrough ------------------------------------------------------------------------------

@@ -36,6 +36,15 @@
 // The staging file stays while passthrough handles are open, and goes with the first commit
 // after the last one.
 //
+// Fsync journal (docs/fs.md, "Fsync journal"): the fsync of a passthrough file may, instead of
+// committing, make the kernel's bytes durable where they already are: Journal() fdatasyncs the
+// staging file, then names it in the staging directory (JournalName: the inode and the content
+// the catalog holds for it, which fences off a journal made stale by a later commit) and syncs
+// the directory: data before the name that points at it. The commit still follows (at close,
+// sync, unmount) and removes the name; a daemon that dies first finds the journal at the next
+// mount (FileSystem::RecoverJournals, AdoptJournal). A commit that fails keeps a journaled
+// file's bytes (no sticky error: the fsync told the writer they were safe) for the next one.
+//
 // Errors: a failed write of streamed bytes is sticky (later writes, reads, Flush and Commit
 // report it; the inode keeps its previous content). A failed commit of a staged file leaves
 // the staging file, so a later commit may retry.
@@ -45,6 +54,7 @@
 // FileSystem's table of open files, under its lock).
 #pragma once
 
+#include <sys/types.h>
 #include <time.h>
 
 #include <atomic>
@@ -54,6 +64,9 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
 
 #include "engine/namespace/ingester.h"
 #include "engine/namespace/inode.h"
@@ -101,6 +114,20 @@ class OpenInode : public IngestTarget, public std::enable_shared_from_this<OpenI
   // transaction that also releases the content it held). No-op when clean. A missing inode
   // (dropped meanwhile) releases the new content instead.
   Status Commit();
+
+  // Fsync journal (above). True: the bytes are durable in the journal; false: nothing done,
+  // the caller commits instead (no passthrough staging file, clean, less free space on the
+  // disk than twice the file's size + 256 MiB, or the name could not be made). REQUIRES: under an
+  // fsync (fsyncs_in_progress), so that the kernel writes nothing meanwhile.
+  Result<bool> Journal();
+  // At mount: the journal `name` in the staging directory (open as fd) holds this file's
+  // bytes, newer than its committed content; the next Commit() commits them.
+  Status AdoptJournal(FileDescriptor fd, std::string name);
+  // A journal names bytes of this file that no commit has taken in yet (no lock).
+  bool holds_journal() const { return holds_journal_.load(); }
+  static std::string JournalName(Ino ino, ContentId committed);
+  // The inode and committed content of a journal name; nullopt for any other name.
+  static std::optional<std::pair<Ino, ContentId>> ParseJournalName(std::string_view name);
 
   // Passthrough. StartPassthrough: the file (empty, no other passthrough handle, not sealed)
   // keeps its bytes in a new staging file; returns a descriptor of it for the kernel, and
@@ -166,6 +193,9 @@ class OpenInode : public IngestTarget, public std::enable_shared_from_this<OpenI
   Status RefreshFromBackingLocked() REQUIRES(mu_);
   // Sets the view's mtime to the backing file's if that changed since it was last published.
   void PublishMtimeLocked(const timespec& mtime) REQUIRES(view_mu_);
+  // A commit took the bytes in: the journal's name goes (not synced: a stale journal left by
+  // a crash is fenced off by the committed content in its name).
+  void RemoveJournalLocked() REQUIRES(mu_);
 
   Store* const store_;
   const std::filesystem::path staging_dir_;
@@ -173,6 +203,7 @@ class OpenInode : public IngestTarget, public std::enable_shared_from_this<OpenI
 
   Mutex mu_;
   ContentId base_ GUARDED_BY(mu_);          // committed content the bytes start from
+  ContentId committed_ GUARDED_BY(mu_);     // the inode's content in the catalog
   uint64_t size_ GUARDED_BY(mu_);
   bool dirty_ GUARDED_BY(mu_) = false;      // differs from the committed inode
   FileDescriptor staging_ GUARDED_BY(mu_);  // staging mode
@@ -193,6 +224,10 @@ class OpenInode : public IngestTarget, public std::enable_shared_from_this<OpenI
   bool unsure_ GUARDED_BY(mu_) = false;
   std::atomic<uint64_t> backing_seen_size_{0};  // size_ at the last RefreshFromBackingLocked
   std::atomic<int> passthrough_handles_{0};
+  // The journal: its name in the staging directory ("": none) and the file it names.
+  std::string journal_name_ GUARDED_BY(mu_);
+  ino_t journal_file_ GUARDED_BY(mu_) = 0;
+  std::atomic<bool> holds_journal_{false};
   Mutex view_mu_;                                     // never held with mu_ taken after it
   FileDescriptor backing_view_ GUARDED_BY(view_mu_);  // a dup of staging_ for GetAttr
   timespec published_mtime_ GUARDED_BY(view_mu_){};   // the backing mtime in mtime_view_

@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <random>
 #include <thread>
 
@@ -349,6 +351,104 @@ TEST_P(OpenInodeTest, PassthroughOnlyForAnEmptyUnsealedFile) {
   ASSERT_TRUE(twice->StartPassthrough().ok());
   EXPECT_FALSE(twice->StartPassthrough().ok());  // the second handle joins instead
   twice->EndPassthroughHandle();
+}
+
+std::string FileBytes(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_TRUE(in.good()) << path;
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// fsync of a passthrough file: the staging file is synced and named; nothing is committed
+// until the close's commit, which takes the later bytes too and removes the name.
+TEST_P(OpenInodeTest, FsyncJournalNamesTheBytesUntilTheCommit) {
+  auto f = Open(MakeInode(2));
+  auto fd = f->StartPassthrough();
+  ASSERT_TRUE(fd.ok()) << fd.status().ToString();
+  std::string expect = Str(RandomBuffer(3 << 20, 23));
+  KernelWrite(*fd, 0, expect);
+  const auto journal = dir_ / "staging" / OpenInode::JournalName(2, 0);
+  ++f->fsyncs_in_progress;
+  auto journaled = f->Journal();
+  --f->fsyncs_in_progress;
+  ASSERT_TRUE(journaled.ok()) << journaled.status().ToString();
+  EXPECT_TRUE(*journaled);
+  EXPECT_TRUE(f->holds_journal());
+  EXPECT_EQ(Committed(2).content, 0u);  // not committed: durable in the journal
+  EXPECT_EQ(Committed(2).size, 0u);
+  EXPECT_EQ(FileBytes(journal), expect);
+  EXPECT_EQ(f->pending_bytes(), 0u);
+  std::string more = Str(RandomBuffer(1 << 20, 24));
+  KernelWrite(*fd, expect.size(), more);
+  expect += more;
+  ++f->fsyncs_in_progress;  // a second fsync: the same journal, synced again
+  journaled = f->Journal();
+  --f->fsyncs_in_progress;
+  ASSERT_TRUE(journaled.ok() && *journaled);
+  EXPECT_EQ(FileBytes(journal), expect);
+  f->EndPassthroughHandle();
+  ASSERT_TRUE(f->Commit().ok());
+  EXPECT_EQ(ReadContent(Committed(2).content, Committed(2).size), expect);
+  EXPECT_FALSE(std::filesystem::exists(journal));
+  EXPECT_FALSE(f->holds_journal());
+  // A clean file, or one without a passthrough staging file, has nothing to journal.
+  auto clean = f->Journal();
+  ASSERT_TRUE(clean.ok());
+  EXPECT_FALSE(*clean);
+  auto streamed = Open(MakeInode(3));
+  ASSERT_TRUE(streamed->Write(0, AsBytes("daemon-written"), false).ok());
+  auto not_passthrough = streamed->Journal();
+  ASSERT_TRUE(not_passthrough.ok());
+  EXPECT_FALSE(*not_passthrough);
+}
+
+// The daemon dies after the fsync and before the commit: the journal stays, and the file
+// that adopts it at the next mount commits it.
+TEST_P(OpenInodeTest, AJournalLeftByADeadDaemonIsAdoptedAndCommitted) {
+  const std::string old = "the committed content before";
+  auto first = Open(MakeInode(2));
+  ASSERT_TRUE(first->Write(0, AsBytes(old), false).ok());
+  ASSERT_TRUE(first->Commit().ok());
+  const ContentId committed = Committed(2).content;
+  ASSERT_NE(committed, 0u);
+  first.reset();
+
+  const std::string expect = Str(RandomBuffer(2 << 20, 25));
+  const std::string name = OpenInode::JournalName(2, committed);
+  {
+    auto f = Open(Committed(2));
+    f->TruncateForOpen();  // open(O_TRUNC): empty, so passthrough may start
+    auto fd = f->StartPassthrough();
+    ASSERT_TRUE(fd.ok()) << fd.status().ToString();
+    KernelWrite(*fd, 0, expect);
+    ++f->fsyncs_in_progress;
+    auto journaled = f->Journal();
+    ASSERT_TRUE(journaled.ok() && *journaled);
+    f->EndPassthroughHandle();
+  }  // dropped without a commit, as by kill -9
+  EXPECT_EQ(ReadContent(Committed(2).content, Committed(2).size), old);
+  ASSERT_TRUE(std::filesystem::exists(dir_ / "staging" / name));
+
+  auto parsed = OpenInode::ParseJournalName(name);
+  ASSERT_TRUE(parsed);
+  EXPECT_EQ(parsed->first, 2u);
+  EXPECT_EQ(parsed->second, committed);
+  for (const char* bad : {"journal-2-", "journal--5", "journal-x-5", "journal-2-5.new", "journal-2",
+                          "spool-2-5", "journal-99999999999999999999999-1"}) {
+    EXPECT_FALSE(OpenInode::ParseJournalName(bad)) << bad;
+  }
+
+  auto g = Open(Committed(2));
+  auto fd = OpenFile(dir_ / "staging" / name, O_RDWR, 0);
+  ASSERT_TRUE(fd.ok());
+  ASSERT_TRUE(g->AdoptJournal(std::move(*fd), name).ok());
+  EXPECT_TRUE(g->holds_journal());
+  EXPECT_EQ(g->size_view(), expect.size());
+  EXPECT_EQ(ReadVisible(*g, 0, expect.size()), expect);
+  ASSERT_TRUE(g->Commit().ok());
+  EXPECT_EQ(ReadContent(Committed(2).content, Committed(2).size), expect);
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "staging" / name));
+  EXPECT_FALSE(g->holds_journal());
 }
 
 }  // namespace

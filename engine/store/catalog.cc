@@ -20,6 +20,9 @@ namespace {
 constexpr uint64_t kMapUnit = uint64_t{1} << 30;
 constexpr uint64_t kMaxMapBytes = uint64_t{1} << 40;
 
+// Below this much free space, a commit's EIO is taken for a short write of a full disk.
+constexpr uint64_t kShortWriteFreeBytes = 1 << 20;
+
 Status LmdbError(int rc, std::string_view what) {
   std::string msg = "catalog " + std::string(what) + ": " + mdb_strerror(rc);
   if (rc == ENOSPC || rc == MDB_MAP_FULL) return Status::NoSpace(msg);
@@ -677,6 +680,15 @@ Status Catalog::WriteTxn::Commit() {
   int rc = mdb_txn_commit(txn_);
   txn_ = nullptr;
   owner_->TxnEnded();
+  if (rc == EIO) {
+    // LMDB reports a short page write as EIO ("short write, filesystem full?"): on a disk
+    // with (almost) nothing left it is the disk being full, which the space reserve handles.
+    struct statvfs fs;
+    if (::statvfs(owner_->dir_.c_str(), &fs) == 0 &&
+        uint64_t{fs.f_bavail} * fs.f_frsize < kShortWriteFreeBytes) {
+      return Status::NoSpace("catalog commit: a short write, the disk is full");
+    }
+  }
   return rc == 0 ? Status::OK() : LmdbError(rc, "commit");
 }
 

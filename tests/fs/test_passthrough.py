@@ -3,8 +3,9 @@
 go to a staging file the kernel writes itself; the daemon commits what is there at fsync, sync
 and close. Checked through the mount with real files and torch: bytes after remount, fsync then
 more writes, reads and stats while writing, a second open and an O_TRUNC open of a file being
-written, truncate, mmap, `ckptfs sync` in the middle of a write, seal while open (EBUSY), and a
-kill -9 after an fsync. The same must hold with passthrough off (CKPTFS_PASSTHROUGH=0); that run
+written, truncate, mmap, `ckptfs sync` in the middle of a write, seal while open (EBUSY), and
+kill -9 after an fsync (the fsync journal: the next daemon commits what the fsync acknowledged)
+and during the commits that follow journaled fsyncs. The same must hold with passthrough off (CKPTFS_PASSTHROUGH=0); that run
 also checks that no handle passed through."""
 import errno
 import gzip
@@ -43,8 +44,7 @@ class PassthroughTest(mounted.MountedTestCase):
         return mounted.passthrough_opens(self.mnt)
 
     def backing_refused(self):
-        with open(os.path.join(self.store, "ckptfs.log"), errors="replace") as f:
-            return "registering a backing file" in f.read()
+        return "registering a backing file" in self.log()
 
     def test_mode_is_what_the_kernel_and_switch_say(self):
         v = self.version_dir()
@@ -190,6 +190,43 @@ class PassthroughTest(mounted.MountedTestCase):
         self.m.mount()
         got = read_file(path)
         self.assertIn(got, (data(3 * MiB, 5), data(3 * MiB, 5) + b"not acknowledged"))
+        if self.passed_through():
+            # The fsync was answered by the fsync journal (docs/fs.md): the new daemon found it
+            # and committed it.
+            self.assertIn("committed now (journal", self.log())
+        self.assert_journals_go()
+
+    def test_kill9_during_the_commit_after_a_journaled_fsync(self):
+        v = self.version_dir()
+        paths = [os.path.join(v, "rank%d.bin" % i) for i in range(3)]
+        for i, path in enumerate(paths):
+            with open(path, "wb") as f:
+                f.write(data(24 * MiB, 10 + i))
+                f.flush()
+                os.fsync(f.fileno())
+        # The commits of the closes (the store ingests 72 MiB) are running or queued.
+        self.m.kill_daemon()
+        self.m.mount()
+        for i, path in enumerate(paths):
+            self.assertEqual(read_file(path), data(24 * MiB, 10 + i), path)
+        self.assert_journals_go()
+        self.remount()
+        for i, path in enumerate(paths):
+            self.assertEqual(read_file(path), data(24 * MiB, 10 + i), path)
+
+    def passed_through(self):
+        return not OFF and self.live().get("enabled") and self.opens() > 0
+
+    def log(self):
+        with open(os.path.join(self.store, "ckptfs.log"), errors="replace") as f:
+            return f.read()
+
+    def assert_journals_go(self):
+        """After a sync, no journal is left in the store's staging directory."""
+        mounted.ckptfs("sync", self.mnt)
+        left = [n for n in os.listdir(os.path.join(self.store, "staging"))
+                if n.startswith("journal-")]
+        self.assertEqual(left, [])
 
 
 if __name__ == "__main__":
