@@ -84,12 +84,17 @@ class Kill9Test(unittest.TestCase):
         m.umount()
         faults.verify(self, m.store, "after the last kill")
         counts = faults.count_lines(ack_path)
+        with open(os.path.join(m.store, "ckptfs.log"), errors="replace") as f:
+            log = f.read()
         print("KILL9 SUMMARY " + json.dumps({
             "rounds": rounds, "kills_by_phase": kills, "reencoding_interrupted": resumed,
             "files_checked": checked,
             "files_acknowledged": counts.get("A", 0), "seals": counts.get("S", 0),
             "gcs": counts.get("G", 0), "forgets": counts.get("P forget", 0),
-            "snapshots": counts.get("P snapshot", 0)}), file=sys.stderr)
+            "snapshots": counts.get("P snapshot", 0),
+            # fsyncs answered by the fsync journal whose commit a kill interrupted (docs/fs.md)
+            "journals_recovered": log.count("committed now (journal"),
+            "passthrough_mounts": log.count("FUSE passthrough: on")}), file=sys.stderr)
 
 
 if __name__ == "__main__":
