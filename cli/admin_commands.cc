@@ -126,8 +126,10 @@ int Stats(const std::string& target, bool as_json) {
     std::printf("%-5s latency   %llu calls, p50 %.1f us, p99 %.1f us\n", op, U(l["count"]),
                 l["p50_us"].get<double>(), l["p99_us"].get<double>());
   }
-  std::printf("queued commits  %llu\npending bytes   %llu\n", U(d["queued_commits"]),
-              U(d["pending_bytes"]));
+  std::printf(
+      "queued commits  %llu\npending bytes   %llu\njournaled       %llu files, %llu bytes\n",
+      U(d["queued_commits"]), U(d["pending_bytes"]), U(d["journaled_files"]),
+      U(d["journaled_bytes"]));
   for (const auto& [role, seconds] : d["cpu_seconds"].items()) {
     std::printf("cpu %-11s %.2f s\n", role.c_str(), seconds.get<double>());
   }
@@ -364,8 +366,9 @@ int ShowStatus(bool as_json) {
                 HumanBytes(U(d["inflight_bytes"])).c_str(),
                 HumanBytes(U(d["inflight_peak_bytes"])).c_str(),
                 HumanBytes(U(d["pack_read_bytes"])).c_str(), U(d["pack_reads"]));
-    std::printf("  commits queued %llu; pending durability %s\n", U(d["queued_commits"]),
-                HumanBytes(U(d["pending_bytes"])).c_str());
+    std::printf("  commits queued %llu; pending durability %s; journaled %s\n",
+                U(d["queued_commits"]), HumanBytes(U(d["pending_bytes"])).c_str(),
+                HumanBytes(U(d["journaled_bytes"])).c_str());
   }
   return kExitOk;
 }

@@ -841,7 +841,9 @@ Result<json> RunAdminRequest(Store* store, FileSystem* fs, const json& request,
                          {"fsync", LatencyOf(m.fsync)}}},
                        {"cpu_seconds", cpu},
                        {"queued_commits", backlog.queued_commits},
-                       {"pending_bytes", backlog.pending_bytes}};
+                       {"pending_bytes", backlog.pending_bytes},
+                       {"journaled_files", backlog.journaled_files},
+                       {"journaled_bytes", backlog.journaled_bytes}};
     }
     return out;
   }
@@ -896,11 +898,12 @@ Result<json> RunAdminRequest(Store* store, FileSystem* fs, const json& request,
   }
   if (cmd == "status") {
     const StoreOptions& o = store->options();
-    json queued, pending;  // null offline: no write queue without a daemon
+    json queued, pending, journaled;  // null offline: no write queue without a daemon
     if (fs != nullptr) {
       const FileSystem::Backlog backlog = fs->WriteBacklog();
       queued = backlog.queued_commits;
       pending = backlog.pending_bytes;
+      journaled = backlog.journaled_bytes;
     }
     return json{{"pid", ::getpid()},
                 {"store", store->dir().string()},
@@ -913,7 +916,8 @@ Result<json> RunAdminRequest(Store* store, FileSystem* fs, const json& request,
                 {"pack_read_bytes", store->pack_read_bytes()},
                 {"pack_reads", store->pack_reads()},
                 {"queued_commits", queued},
-                {"pending_bytes", pending}};
+                {"pending_bytes", pending},
+                {"journaled_bytes", journaled}};
   }
   if (cmd == "remove_version") {
     if (fs == nullptr) return Status::InvalidArgument("remove_version needs the namespace");

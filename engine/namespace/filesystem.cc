@@ -749,7 +749,13 @@ FileSystem::Backlog FileSystem::WriteBacklog() {
   Backlog b;
   b.queued_commits = committer_->depth();
   MutexLock lock(open_mu_);
-  for (const auto& [ino, open] : open_files_) b.pending_bytes += open.file->pending_bytes();
+  for (const auto& [ino, open] : open_files_) {
+    b.pending_bytes += open.file->pending_bytes();
+    if (const uint64_t journaled = open.file->journaled_bytes(); open.file->holds_journal()) {
+      ++b.journaled_files;
+      b.journaled_bytes += journaled;
+    }
+  }
   return b;
 }
 

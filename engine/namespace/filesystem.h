@@ -177,10 +177,14 @@ class FileSystem {
   const FsMetrics& metrics() const { return metrics_; }
   // The write backlog now: commits queued (or running) on the committer, and the bytes that
   // write() accepted and that are not durable yet (in open files, or closed with their commit
-  // still queued). A failed commit's bytes count as gone (the writer was told).
+  // still queued). A failed commit's bytes count as gone (the writer was told). Journaled:
+  // files whose fsync the fsync journal answered and that no commit has taken in yet, and
+  // their size at that fsync (durable, not yet in the store).
   struct Backlog {
     uint64_t queued_commits = 0;
     uint64_t pending_bytes = 0;
+    uint64_t journaled_files = 0;
+    uint64_t journaled_bytes = 0;
   };
   Backlog WriteBacklog();
   // The live statistics file MNT/.ckptfs/stats (not listed; read-only; generated at each

@@ -59,6 +59,8 @@ constexpr Metric kDaemonMetrics[] = {
     {"ckptfs_queued_commits", "gauge", "File commits queued or running.", "queued_commits"},
     {"ckptfs_pending_bytes", "gauge", "Bytes accepted by write() not yet durable.",
      "pending_bytes"},
+    {"ckptfs_journaled_bytes", "gauge",
+     "Bytes an fsync made durable in the fsync journal, not yet in the store.", "journaled_bytes"},
 };
 
 json Get(const json& doc, const char* key) {

@@ -476,6 +476,7 @@ Result<bool> OpenInode::Journal() {
     }
   }
   pending_bytes_.store(0, std::memory_order_relaxed);
+  journaled_bytes_ = size_;
   return true;
 }
 
@@ -490,6 +491,7 @@ Status OpenInode::AdoptJournal(FileDescriptor fd, std::string name) {
   journal_file_ = st.st_ino;
   holds_journal_ = true;
   size_ = static_cast<uint64_t>(st.st_size);
+  journaled_bytes_ = size_;
   size_view_ = size_;
   mtime_view_ = Ns(st.st_mtim);
   dirty_ = true;
@@ -507,6 +509,7 @@ void OpenInode::RemoveJournalLocked() {
   journal_name_.clear();
   journal_file_ = 0;
   holds_journal_ = false;
+  journaled_bytes_ = 0;
 }
 
 // ---- Passthrough ------------------------------------------------------------------------------
@@ -596,6 +599,11 @@ void OpenInode::EndPassthroughHandle() {
   // No mu_: a commit may hold it for seconds. The views take the file's last size now, before
   // the release's commit, so that a stat() right after close() sees it.
   RefreshViewFromBacking();
+  // What the kernel wrote through this handle is not counted in changes_ until a commit looks
+  // at the file: count a change now, so that a commit that began before this release (and may
+  // have read less) does not let FileSystem forget the file while this release's commit is
+  // still queued (the next open would read the older content).
+  ++changes_;
   if (--passthrough_handles_ == 0) {
     MutexLock view(view_mu_);
     backing_view_ = FileDescriptor();

@@ -125,6 +125,8 @@ class OpenInode : public IngestTarget, public std::enable_shared_from_this<OpenI
   Status AdoptJournal(FileDescriptor fd, std::string name);
   // A journal names bytes of this file that no commit has taken in yet (no lock).
   bool holds_journal() const { return holds_journal_.load(); }
+  // The file's size when the journal last took it (no lock).
+  uint64_t journaled_bytes() const { return journaled_bytes_.load(); }
   static std::string JournalName(Ino ino, ContentId committed);
   // The inode and committed content of a journal name; nullopt for any other name.
   static std::optional<std::pair<Ino, ContentId>> ParseJournalName(std::string_view name);
@@ -208,7 +210,8 @@ class OpenInode : public IngestTarget, public std::enable_shared_from_this<OpenI
   bool dirty_ GUARDED_BY(mu_) = false;      // differs from the committed inode
   FileDescriptor staging_ GUARDED_BY(mu_);  // staging mode
   Status error_ GUARDED_BY(mu_);            // a write or commit failed; bytes are lost
-  std::atomic<uint64_t> changes_{0};            // written under mu_ (TouchLocked)
+  std::atomic<uint64_t> changes_{
+      0};  // written under mu_ (TouchLocked), and by EndPassthroughHandle
   std::atomic<uint64_t> committed_changes_{0};  // written under mu_ (Commit)
   std::atomic<uint64_t> pending_bytes_{0};      // written under mu_ (Write, Commit)
   std::atomic<uint64_t> size_view_;
@@ -228,6 +231,7 @@ class OpenInode : public IngestTarget, public std::enable_shared_from_this<OpenI
   std::string journal_name_ GUARDED_BY(mu_);
   ino_t journal_file_ GUARDED_BY(mu_) = 0;
   std::atomic<bool> holds_journal_{false};
+  std::atomic<uint64_t> journaled_bytes_{0};
   Mutex view_mu_;                                     // never held with mu_ taken after it
   FileDescriptor backing_view_ GUARDED_BY(view_mu_);  // a dup of staging_ for GetAttr
   timespec published_mtime_ GUARDED_BY(view_mu_){};   // the backing mtime in mtime_view_

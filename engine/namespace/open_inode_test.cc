@@ -451,5 +451,22 @@ TEST_P(OpenInodeTest, AJournalLeftByADeadDaemonIsAdoptedAndCommitted) {
   EXPECT_FALSE(g->holds_journal());
 }
 
+// A commit that ran while a passthrough handle was open (the previous close's, or a sync) may
+// have read less than the kernel then wrote: the handle's release counts as a change, so that
+// FileSystem does not forget the file before that release's own commit ran.
+TEST_P(OpenInodeTest, APassthroughReleaseAfterACommitIsAChange) {
+  auto f = Open(MakeInode(2));
+  auto fd = f->StartPassthrough();
+  ASSERT_TRUE(fd.ok());
+  ASSERT_TRUE(f->Commit().ok());  // nothing written yet
+  EXPECT_FALSE(f->changed_since_commit());
+  KernelWrite(*fd, 0, "global_step2");
+  f->EndPassthroughHandle();
+  EXPECT_TRUE(f->changed_since_commit());
+  ASSERT_TRUE(f->Commit().ok());
+  EXPECT_FALSE(f->changed_since_commit());
+  EXPECT_EQ(ReadContent(Committed(2).content, Committed(2).size), "global_step2");
+}
+
 }  // namespace
 }  // namespace ckptfs

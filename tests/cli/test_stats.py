@@ -141,6 +141,7 @@ class LiveStats(unittest.TestCase):
         self.assertIn('ckptfs_cpu_seconds_total{role="worker"}', values)
         self.assertEqual(values["ckptfs_contents"], json_of(self, "stats", m.mnt)["contents"])
         self.assertEqual(values["ckptfs_pending_bytes"], 0)
+        self.assertEqual(values["ckptfs_journaled_bytes"], 0)
         with self.assertRaises(urllib.error.HTTPError) as e:
             urllib.request.urlopen("http://127.0.0.1:%d/other" % port, timeout=30)
         self.assertEqual(e.exception.code, 404)
@@ -164,6 +165,7 @@ class LiveStats(unittest.TestCase):
 
         os.mkdir(self.m.path("v"))
         self.assertEqual(mine()["pending_bytes"], 0)
+        opens_before = mounted.passthrough_opens(self.m.mnt)
         f = open(self.m.path("v", "big.bin"), "wb")
         try:
             f.write(os.urandom(3 * MiB))
@@ -176,6 +178,10 @@ class LiveStats(unittest.TestCase):
             self.assertIn("pending durability 3.00 MiB", words)
             os.fsync(f.fileno())
             self.assertEqual(mine()["pending_bytes"], 0)
+            if mounted.passthrough_opens(self.m.mnt) > opens_before:
+                # The fsync journal answered that fsync: durable, not in the store yet.
+                self.assertEqual(mine()["journaled_bytes"], 3 * MiB)
+                self.assertIn("journaled 3.00 MiB", run("status").stdout)
             f.write(os.urandom(MiB))
             f.flush()
             self.assertEqual(mine()["pending_bytes"], MiB)
@@ -185,6 +191,7 @@ class LiveStats(unittest.TestCase):
         d = mine()
         self.assertEqual(d["pending_bytes"], 0)
         self.assertEqual(d["queued_commits"], 0)
+        self.assertEqual(d["journaled_bytes"], 0)
 
 
 if __name__ == "__main__":

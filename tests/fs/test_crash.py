@@ -23,6 +23,7 @@ import multiprocessing
 import os
 import random
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mounted  # noqa: E402
@@ -36,7 +37,9 @@ def payload(seed, n):
 
 
 def write_slowly(path, seed, total, patch_header):
-    """Writes `total` bytes in 1 MiB pieces until the mount dies under it."""
+    """Writes `total` bytes in 1 MiB pieces until the mount dies under it, at most ~200 MiB/s:
+    through FUSE passthrough a write runs at page-cache speed, and the writer must still be
+    writing when the test kills the daemon."""
     block = payload(seed, MiB)
     try:
         with open(path, "wb") as f:
@@ -48,6 +51,7 @@ def write_slowly(path, seed, total, patch_header):
                 f.seek(0, os.SEEK_END)
             for _ in range(total // MiB):
                 f.write(block)
+                time.sleep(0.005)
     except OSError:
         pass  # ENOTCONN / EIO / ECONNABORTED once the daemon is gone
     os._exit(0)
@@ -128,13 +132,16 @@ class CrashTest(mounted.MountedTestCase):
 
 
     def test_sigkill_during_ingest_from_the_spool(self):
-        # The spool is off by default (fs/mount.cc); CKPTFS_SPOOL=1 turns it on for this daemon.
+        # The spool is off by default (fs/mount.cc); CKPTFS_SPOOL=1 turns it on for this daemon,
+        # and CKPTFS_PASSTHROUGH=0 keeps new files from bypassing it (FUSE passthrough).
         self.m.umount()
         os.environ["CKPTFS_SPOOL"] = "1"
+        os.environ["CKPTFS_PASSTHROUGH"] = "0"
         try:
             self.m.mount()
         finally:
             del os.environ["CKPTFS_SPOOL"]
+            del os.environ["CKPTFS_PASSTHROUGH"]
         v = self.version_dir("global_step7")
         e, f_, g = (os.path.join(v, n) for n in ("E.pt", "F.pt", "G.pt"))
         F_BYTES = 1024 * MiB  # more than is written before the kill: F is open at the kill
