@@ -348,6 +348,9 @@ Status OpenInode::Commit() {
     DropStreamLocked();  // the spool goes; unless written back, it cost no disk write
   } else if (staging_.valid()) {
     auto writer = new_writer_(*this);
+    // The kernel wrote a passthrough file; its commit runs after the close or the fsync
+    // journal, not while a writer waits: no raw records for the re-encoder to compress.
+    if (backing_ || !journal_name_.empty()) writer->EncodeAtWrite();
     Buffer buf(kCopyBytes);
     for (uint64_t off = 0; off < size && id.ok();) {
       size_t n = static_cast<size_t>(std::min<uint64_t>(kCopyBytes, size - off));

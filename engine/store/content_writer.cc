@@ -186,6 +186,7 @@ void ContentWriter::Submit() {
   store_->pool_->Submit([this, slot, bytes, owned, ref_offset, width, in_section] {
     Store::PieceHint hint;
     hint.width = width;
+    hint.encode = encode_at_write_;
     // Tensor pieces of a file that has a predecessor are the next version's delta bases.
     hint.cache = in_section && store_->options().max_delta_chain > 1;
     if (ref_offset) {

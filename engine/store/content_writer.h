@@ -80,6 +80,11 @@ class ContentWriter {
     mode_ = mode;
     if (mode != CutMode::kContentDefined) scanner_.reset();
   }
+  // Pieces are encoded as they are stored even where the store compresses whole pieces behind
+  // the writer (StoreOptions::compress_behind): for a writer nobody waits on (the commit of a
+  // file that FUSE passthrough wrote, after its close or fsync journal), which then writes no
+  // raw records that the re-encoder reads back and replaces. REQUIRES: before the first Append.
+  void EncodeAtWrite() { encode_at_write_ = true; }
   uint64_t size() const { return size_; }
   // Reads bytes [offset, offset + out.size()) of what was written so far; short at the end.
   // Waits for queued chunks to be stored first.
@@ -127,6 +132,7 @@ class ContentWriter {
   ReferenceFinder finder_;                                        // until the signature is known
   std::unordered_map<std::string, uint64_t> reference_sections_;  // SectionKey -> start
   CutMode mode_ = CutMode::kContentDefined;
+  bool encode_at_write_ = false;
   Buffer current_;
   uint64_t size_ = 0;
   uint64_t chunk_start_ = 0;

@@ -305,7 +305,7 @@ Result<ChunkRow> Store::PutChunk(const ChunkId& id, Buffer raw, const PieceHint&
     }
   }
   EncodedPiece piece;
-  if (base == nullptr && CompressesBehind(raw.size())) {
+  if (base == nullptr && !hint.encode && CompressesBehind(raw.size())) {
     // Stored raw: the commit queues it for the re-encoder, which compresses it.
     piece.encoding = {Transform::kPlain, std::clamp<uint8_t>(hint.width, 1, kMaxPieceWidth),
                       Codec::kNone};

@@ -315,6 +315,7 @@ class Store {
     // the re-encoder turns the base into a delta against it (WritesWhole).
     std::optional<std::pair<ChunkId, ChunkRow>> base;
     bool cache = false;  // keep the raw bytes in the cache (the next version's delta base)
+    bool encode = false;  // encode now even where the store compresses behind the writer
   };
   Store(std::filesystem::path dir, const StoreOptions& options);
   // Cuts the packs' uncommitted tails and removes packs no commit refers to (recover.cc),

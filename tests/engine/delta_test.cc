@@ -40,10 +40,12 @@ std::vector<std::vector<std::byte>> LoadVersions(const std::filesystem::path& di
 
 // Stores each file with the previous one as its reference.
 Result<std::vector<ContentId>> StoreChain(Store& store,
-                                          const std::vector<std::vector<std::byte>>& files) {
+                                          const std::vector<std::vector<std::byte>>& files,
+                                          bool encode_at_write = false) {
   std::vector<ContentId> ids;
   for (size_t v = 0; v < files.size(); ++v) {
     auto writer = store.NewWriter();
+    if (encode_at_write) writer->EncodeAtWrite();
     if (v > 0) CKPTFS_RETURN_IF_ERROR(writer->SetReference(ids.back()));
     Bytes rest(files[v]);
     std::mt19937 rng(static_cast<uint32_t>(v));
@@ -429,6 +431,48 @@ TEST_F(DeltaTest, ManySmallReencoderBatchesStoreWhatOneBatchStores) {
   run(dir_.path(), 64u << 10, &many, &many_batches);
   EXPECT_GT(many_batches, 2 * one_batches) << "small batches: several per version";
   EXPECT_EQ(many, one);
+}
+
+TEST_F(DeltaTest, AWriterThatEncodesAtWriteStoresWhatACompressAtWriteStoreStores) {
+  // ContentWriter::EncodeAtWrite (the commit of a passthrough file): with compress_behind on,
+  // such a writer's pieces are encoded as they are stored, before the re-encoder runs, and the
+  // store ends record for record where a store without compress_behind ends.
+  std::vector<uint64_t> expected;
+  {
+    TempDir at_write_dir{"delta-at-write-store"};
+    StoreOptions at_write = DeltaOptions(8, /*reverse=*/true);
+    at_write.compress_behind = false;
+    auto store = OpenStore(at_write_dir.path(), at_write);
+    ASSERT_TRUE(store);
+    ASSERT_OK_AND_ASSIGN(std::vector<ContentId> ids, StoreChain(*store, files_));
+    store->WaitReencoded();
+    for (ContentId id : ids) {
+      ASSERT_OK_AND_ASSIGN(ContentEncoding e, store->DescribeContent(id));
+      expected.push_back(e.record_bytes);
+    }
+  }
+  StoreOptions options = DeltaOptions(8, /*reverse=*/true);
+  options.compress_behind_min_bytes = 0;  // as in CompressBehindWritesRaw...: every piece
+  options.reencode_batch_bytes = 1u << 30;
+  ReencoderGate gate(/*hold_at=*/1);
+  gate.Install(&options);
+  auto store = OpenStore(dir_.path(), options);
+  ASSERT_TRUE(store);
+  ASSERT_OK_AND_ASSIGN(std::vector<ContentId> ids,
+                       StoreChain(*store, files_, /*encode_at_write=*/true));
+  ASSERT_TRUE(gate.WaitHeld());
+  for (int v = 0; v < kVersions; ++v) {
+    ASSERT_OK_AND_ASSIGN(ContentEncoding e, store->DescribeContent(ids[v]));
+    EXPECT_LT(e.record_bytes, e.raw_bytes) << "version " << v << " encoded as written";
+  }
+  gate.Release();
+  store->WaitReencoded();
+  for (int v = 0; v < kVersions; ++v) {
+    ASSERT_OK_AND_ASSIGN(ContentEncoding e, store->DescribeContent(ids[v]));
+    EXPECT_EQ(e.record_bytes, expected[v]) << "version " << v;
+    EXPECT_TRUE(ContentEquals(*store, ids[v], files_[v])) << "version " << v;
+  }
+  EXPECT_TRUE(VerifyClean(*store));
 }
 
 TEST_F(DeltaTest, PiecesBelowTheCompressBehindMinimumAreEncodedAsWritten) {
