@@ -135,6 +135,7 @@ Status FileSystem::RecoverJournals() {
   std::sort(found.begin(), found.end());
   for (const std::filesystem::path& path : found) {
     const std::string name = path.filename().string();
+    if (name.rfind("journal-", 0) != 0) continue;  // nothing else in staging/ has a name
     auto journal = OpenInode::ParseJournalName(name);
     std::optional<Inode> inode;
     if (journal) {
@@ -143,7 +144,7 @@ Status FileSystem::RecoverJournals() {
     }
     if (!journal || !inode || !inode->is_reg() || inode->nlink == 0 ||
         inode->content != journal->second) {
-      // A link being made, or a journal whose file was committed or removed since.
+      // A link being made (".new"), or a journal whose file was committed or removed since.
       if (journal) spdlog::info("journal {}: its file changed since; dropped", name);
       if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
         return Errno(errno, "remove stale journal " + path.string());
@@ -751,9 +752,9 @@ FileSystem::Backlog FileSystem::WriteBacklog() {
   MutexLock lock(open_mu_);
   for (const auto& [ino, open] : open_files_) {
     b.pending_bytes += open.file->pending_bytes();
-    if (const uint64_t journaled = open.file->journaled_bytes(); open.file->holds_journal()) {
+    if (open.file->holds_journal()) {
       ++b.journaled_files;
-      b.journaled_bytes += journaled;
+      b.journaled_bytes += open.file->journaled_bytes();
     }
   }
   return b;

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cstring>
 
@@ -417,23 +418,15 @@ std::optional<std::pair<Ino, ContentId>> OpenInode::ParseJournalName(std::string
   constexpr std::string_view kPrefix = "journal-";
   if (name.substr(0, kPrefix.size()) != kPrefix) return std::nullopt;
   name.remove_prefix(kPrefix.size());
-  const size_t dash = name.find('-');
-  if (dash == std::string_view::npos) return std::nullopt;
-  auto number = [](std::string_view digits) -> std::optional<uint64_t> {
-    if (digits.empty() || digits.size() > 20) return std::nullopt;
-    uint64_t v = 0;
-    for (char c : digits) {
-      if (c < '0' || c > '9') return std::nullopt;
-      const uint64_t next = v * 10 + static_cast<uint64_t>(c - '0');
-      if (next / 10 != v) return std::nullopt;  // overflow
-      v = next;
-    }
-    return v;
-  };
-  auto i = number(name.substr(0, dash));
-  auto c = number(name.substr(dash + 1));
-  if (!i || !c) return std::nullopt;
-  return std::make_pair(Ino{*i}, ContentId{*c});
+  // Two decimal numbers joined by '-', nothing else (from_chars refuses signs and overflow).
+  const char* const end = name.data() + name.size();
+  Ino ino = 0;
+  ContentId content = 0;
+  auto [dash, ino_err] = std::from_chars(name.data(), end, ino);
+  if (ino_err != std::errc() || dash == end || *dash != '-') return std::nullopt;
+  auto [last, content_err] = std::from_chars(dash + 1, end, content);
+  if (content_err != std::errc() || last != end) return std::nullopt;
+  return std::make_pair(ino, content);
 }
 
 Result<bool> OpenInode::Journal() {

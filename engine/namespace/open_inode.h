@@ -210,8 +210,8 @@ class OpenInode : public IngestTarget, public std::enable_shared_from_this<OpenI
   bool dirty_ GUARDED_BY(mu_) = false;      // differs from the committed inode
   FileDescriptor staging_ GUARDED_BY(mu_);  // staging mode
   Status error_ GUARDED_BY(mu_);            // a write or commit failed; bytes are lost
-  std::atomic<uint64_t> changes_{
-      0};  // written under mu_ (TouchLocked), and by EndPassthroughHandle
+  // Written under mu_ (TouchLocked), and by EndPassthroughHandle.
+  std::atomic<uint64_t> changes_{0};
   std::atomic<uint64_t> committed_changes_{0};  // written under mu_ (Commit)
   std::atomic<uint64_t> pending_bytes_{0};      // written under mu_ (Write, Commit)
   std::atomic<uint64_t> size_view_;

@@ -76,6 +76,21 @@ class DeltaTest : public ::testing::Test {
     if (!MakeVersions(data_.path(), kVersions)) GTEST_SKIP() << "needs /usr/bin/python3 with torch";
     files_ = LoadVersions(data_.path(), kVersions);
   }
+  // The record bytes of each version in a store that encodes every piece as it is written
+  // (compress_behind off), once its re-encoder caught up.
+  void RecordBytesEncodedAtWrite(std::vector<uint64_t>* record_bytes) {
+    TempDir at_write_dir{"delta-at-write"};
+    StoreOptions at_write = DeltaOptions(8, /*reverse=*/true);
+    at_write.compress_behind = false;
+    auto store = OpenStore(at_write_dir.path(), at_write);
+    ASSERT_TRUE(store);
+    ASSERT_OK_AND_ASSIGN(std::vector<ContentId> ids, StoreChain(*store, files_));
+    store->WaitReencoded();
+    for (ContentId id : ids) {
+      ASSERT_OK_AND_ASSIGN(ContentEncoding e, store->DescribeContent(id));
+      record_bytes->push_back(e.record_bytes);
+    }
+  }
   static constexpr int kVersions = 7;
   TempDir data_{"delta-data"};
   TempDir dir_{"delta-store"};
@@ -348,19 +363,7 @@ TEST_F(DeltaTest, CompressBehindWritesRawPiecesThatTheReencoderCompresses) {
   // re-encoder compresses the pieces behind it. Once it caught up, the store holds what a
   // writer that encodes as it writes leaves, record for record.
   std::vector<uint64_t> expected;  // record bytes per version, encoded at write
-  {
-    TempDir at_write_dir{"delta-at-write"};
-    StoreOptions at_write = DeltaOptions(8, /*reverse=*/true);
-    at_write.compress_behind = false;
-    auto store = OpenStore(at_write_dir.path(), at_write);
-    ASSERT_TRUE(store);
-    ASSERT_OK_AND_ASSIGN(std::vector<ContentId> ids, StoreChain(*store, files_));
-    store->WaitReencoded();
-    for (ContentId id : ids) {
-      ASSERT_OK_AND_ASSIGN(ContentEncoding e, store->DescribeContent(id));
-      expected.push_back(e.record_bytes);
-    }
-  }
+  ASSERT_NO_FATAL_FAILURE(RecordBytesEncodedAtWrite(&expected));
   StoreOptions options = DeltaOptions(8, /*reverse=*/true);
   ASSERT_TRUE(options.compress_behind) << "the default";
   options.compress_behind_min_bytes = 0;    // these test files' pieces are small
@@ -438,19 +441,7 @@ TEST_F(DeltaTest, AWriterThatEncodesAtWriteStoresWhatACompressAtWriteStoreStores
   // such a writer's pieces are encoded as they are stored, before the re-encoder runs, and the
   // store ends record for record where a store without compress_behind ends.
   std::vector<uint64_t> expected;
-  {
-    TempDir at_write_dir{"delta-at-write-store"};
-    StoreOptions at_write = DeltaOptions(8, /*reverse=*/true);
-    at_write.compress_behind = false;
-    auto store = OpenStore(at_write_dir.path(), at_write);
-    ASSERT_TRUE(store);
-    ASSERT_OK_AND_ASSIGN(std::vector<ContentId> ids, StoreChain(*store, files_));
-    store->WaitReencoded();
-    for (ContentId id : ids) {
-      ASSERT_OK_AND_ASSIGN(ContentEncoding e, store->DescribeContent(id));
-      expected.push_back(e.record_bytes);
-    }
-  }
+  ASSERT_NO_FATAL_FAILURE(RecordBytesEncodedAtWrite(&expected));
   StoreOptions options = DeltaOptions(8, /*reverse=*/true);
   options.compress_behind_min_bytes = 0;  // as in CompressBehindWritesRaw...: every piece
   options.reencode_batch_bytes = 1u << 30;
