@@ -11,14 +11,12 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
-#include <condition_variable>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <stop_token>
 #include <thread>
@@ -39,6 +37,7 @@
 #include "engine/store/store.h"
 #include "engine/util/thread_role.h"
 #include "fs/fuse_ops.h"
+#include "fs/heap_trimmer.h"
 #include "fs/passthrough.h"
 #include "fs/sd_notify.h"
 
@@ -224,7 +223,8 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
   // Chunk buffers are 1 MiB: by default glibc maps and unmaps each one, and every write then
   // page-faults fresh memory. Keeping them in the heap halved the daemon's CPU per GB saved
   // (scripts/bench/fs.sh: durable save 1.94x -> 1.16x native). Freed memory is reused, and the
-  // budget (cache + in-flight) still bounds how much is live; at most 64 MiB stays idle.
+  // budget (cache + in-flight) still bounds how much is live; what lies free is returned once the
+  // daemon goes quiet (fs/heap_trimmer.h).
   // One arena: each of glibc's per-thread arenas (up to 8 per core) would otherwise keep its
   // own idle memory; with ~10 FUSE and worker threads a fresh daemon sat 200-300 MiB above its
   // cache while a reader streamed 2 GiB (tests/views/test_low_memory.py), 30 MiB with one.
@@ -389,24 +389,14 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
       }
     });
   }
-  // With one arena, memory freed between bursts (1 MiB chunk buffers of saves, decoded chunks
-  // of reads) sits in holes of one heap that trimming at its top cannot return: a save's peak
-  // reached 695 MiB against cache + inflight = 512 MiB. malloc_trim returns the holes too, but
-  // only once more than kIdleHeapBytes lie free: trimming every 250 ms whatever was free
-  // handed the kernel pages the next chunk buffer faulted in (and zeroed) again at once, ~130
-  // page faults per MiB written; scripts/bench/datapath.sh measured 4.80 -> 4.05 CPU-s/GB for
-  // new bytes written, 6.05 -> 4.31 for deltas, 3.19 -> 1.92 read cold (docs/fs.md).
-  constexpr size_t kIdleHeapBytes = 32 << 20;
-  std::jthread trimmer([](std::stop_token stop) {
-    SetThreadRole("trim");
-    std::mutex mu;
-    std::condition_variable_any cv;
-    std::unique_lock lock(mu);
-    while (!cv.wait_for(lock, stop, std::chrono::milliseconds(250), [] { return false; })) {
-      if (stop.stop_requested()) break;
-      if (mallinfo2().fordblks > kIdleHeapBytes) malloc_trim(0);
-    }
-  });
+  // With one arena, freed buffers sit in holes of one heap that only malloc_trim returns;
+  // fs/heap_trimmer.h trims once the daemon goes quiet, or when the holes would take it past
+  // the budget (cache + in-flight + 32 MiB).
+  std::jthread trimmer(
+      [limit = args.cache_bytes + args.inflight_bytes + (32 << 20)](std::stop_token stop) {
+        SetThreadRole("trim");
+        RunHeapTrimmer(stop, limit);
+      });
   fuse_loop_config* cfg = fuse_loop_cfg_create();
   fuse_loop_cfg_set_max_threads(cfg, 16);
   ::pthread_sigmask(SIG_UNBLOCK, &stop_signals, nullptr);  // every other thread exists by now
