@@ -3,7 +3,9 @@
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/uio.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <thread>
@@ -20,14 +22,20 @@ struct PackWriter::InflightWrite {
   std::shared_ptr<FileDescriptor> fd;
   std::byte header[kRecordHeaderBytes + kChunkIdBytes];  // the record header, then a delta's base
   size_t header_len = kRecordHeaderBytes;
-  std::shared_ptr<const Buffer> payload;  // never null for a record
-  bool writeback_only = false;            // a sync_file_range request, not a record
+  std::shared_ptr<const Buffer> payload;  // a record's (null for a segment)
+  // A full segment of a direct pack (header_len 0), written through `fd` (O_DIRECT); a short
+  // write is finished through `buffered`.
+  Buffer segment;
+  std::shared_ptr<FileDescriptor> buffered;
+  bool writeback_only = false;  // a sync_file_range request, not a record
   iovec iov[2];
-  Bytes bytes() const { return payload ? payload->bytes() : Bytes{}; }
+  Bytes bytes() const { return payload ? payload->bytes() : segment.bytes(); }
   size_t total() const { return header_len + bytes().size(); }
   // What the queue holds in memory: a codec's output buffer may be far larger than the
   // payload in it (sized for the raw chunk, holding a delta of a fifth of it).
-  size_t memory() const { return header_len + (payload ? payload->capacity() : 0); }
+  size_t memory() const {
+    return header_len + (payload ? payload->capacity() : segment.capacity());
+  }
 };
 
 namespace {
@@ -40,6 +48,11 @@ Status PWriteRest(int fd, uint64_t offset, Bytes header, Bytes payload, size_t d
   }
   return PWriteFull(fd, offset + done, payload.subspan(done - header.size()), path);
 }
+
+uint64_t AlignDown(uint64_t n) {
+  return n / PackWriter::kDirectAlignment * PackWriter::kDirectAlignment;
+}
+uint64_t AlignUp(uint64_t n) { return AlignDown(n + PackWriter::kDirectAlignment - 1); }
 }  // namespace
 
 PackWriter::PackWriter(std::filesystem::path dir, Options options)
@@ -47,6 +60,12 @@ PackWriter::PackWriter(std::filesystem::path dir, Options options)
 
 PackWriter::~PackWriter() {
   MutexLock lock(mu_);
+  if (active_ != 0) {
+    // Best effort, as the writes through the page cache were: the tail reaches the file.
+    PackState& st = State(active_);
+    if (FlushTail(st).ok() && st.direct)
+      (void)::ftruncate(st.fd->get(), static_cast<off_t>(st.length));
+  }
   if (uring_ok_) {
     (void)WaitAllInflight();
     io_uring_queue_exit(&ring_);
@@ -78,15 +97,26 @@ Status PackWriter::StartPack(uint32_t id, std::optional<uint64_t> resume_length)
   PackState st;
   st.id = id;
   st.path = dir_ / PackFileName(id);
-  int flags = O_WRONLY | (resume_length ? 0 : O_CREAT | O_EXCL);
+  int flags = O_RDWR | (resume_length ? 0 : O_CREAT | O_EXCL);
   CKPTFS_ASSIGN_OR_RETURN(FileDescriptor fd, OpenFile(st.path, flags));
   st.fd = std::make_shared<FileDescriptor>(std::move(fd));
+  if (options_.direct_io) {
+    auto direct = OpenFile(st.path, O_WRONLY | O_DIRECT);
+    if (direct.ok()) st.direct = std::make_shared<FileDescriptor>(std::move(*direct));
+  }
   if (resume_length) {
     st.length = st.synced = *resume_length;
+    if (st.direct) {
+      const uint64_t from = AlignDown(*resume_length);
+      Buffer tail(static_cast<size_t>(*resume_length - from));
+      CKPTFS_RETURN_IF_ERROR(PReadFull(st.fd->get(), from, tail.mutable_bytes(), st.path));
+      CKPTFS_RETURN_IF_ERROR(StartSegment(st, *resume_length, tail.bytes(), /*on_disk=*/true));
+    }
   } else {
     std::byte header[kPackHeaderBytes];
     EncodePackHeader(id, header);
-    Status s = PWriteFull(st.fd->get(), 0, {header, kPackHeaderBytes}, st.path);
+    Status s = StartSegment(st, kPackHeaderBytes, {header, kPackHeaderBytes}, /*on_disk=*/false);
+    if (s.ok() && !st.direct) s = PWriteFull(st.fd->get(), 0, {header, kPackHeaderBytes}, st.path);
     if (s.ok()) s = DataSync(st.fd->get(), st.path);
     if (s.ok()) s = SyncDir(dir_);
     if (!s.ok()) {
@@ -96,9 +126,93 @@ Status PackWriter::StartPack(uint32_t id, std::optional<uint64_t> resume_length)
     st.length = st.synced = kPackHeaderBytes;
   }
   if (id >= next_id_) next_id_ = id + 1;
+  last_direct_ = st.direct != nullptr;
   packs_[id] = std::move(st);
   active_ = id;
   return Status::OK();
+}
+
+// Direct: the segment starts at the block that holds the pack's end. A new pack's (its header)
+// is written with O_DIRECT at once, which tells whether this filesystem takes direct writes;
+// if it refuses them (EINVAL), the page cache it is. A resumed pack's tail is on disk already
+// and stays as the open cut it (no padding); should its first direct write be refused, that
+// write fails, and the next record starts a new pack, which probes again.
+Status PackWriter::StartSegment(PackState& st, uint64_t length, Bytes tail, bool on_disk) {
+  if (!st.direct) return Status::OK();
+  st.seg = NewSegment();
+  st.seg_offset = AlignDown(length);
+  st.seg.Resize(length - st.seg_offset);
+  std::memcpy(st.seg.data(), tail.data(), tail.size());
+  st.seg_written = on_disk ? length : st.seg_offset;
+  st.length = length;
+  if (on_disk) return Status::OK();
+  Status s = FlushTail(st);
+  if (s.ok()) return s;
+  if (s.ToErrno() != EINVAL) return s;
+  spdlog::info("{}: no O_DIRECT writes here ({}); writing through the page cache", st.path.string(),
+               s.ToString());
+  st.direct.reset();
+  st.seg = Buffer();
+  return Status::OK();
+}
+
+Buffer PackWriter::NewSegment() {
+  Buffer seg;
+  if (!free_segments_.empty()) {
+    seg = std::move(free_segments_.back());
+    free_segments_.pop_back();
+  } else {
+    seg = Buffer::InAlignedBlock(kDirectAlignment, kSegmentBytes, 0, kSegmentBytes);
+  }
+  seg.Resize(0);
+  return seg;
+}
+
+Status PackWriter::AppendToSegments(PackState& st, Bytes bytes) {
+  while (!bytes.empty()) {
+    if (st.seg.capacity() == 0) st.seg = NewSegment();
+    const size_t used = st.seg.size();
+    const size_t n = std::min(kSegmentBytes - used, bytes.size());
+    st.seg.Resize(used + n);
+    std::memcpy(st.seg.data() + used, bytes.data(), n);
+    st.length += n;
+    bytes = bytes.subspan(n);
+    if (st.seg.size() < kSegmentBytes) continue;
+    auto write = std::make_unique<InflightWrite>();
+    write->pack_id = st.id;
+    write->offset = st.seg_offset;
+    write->fd = st.direct;
+    write->buffered = st.fd;
+    write->header_len = 0;
+    write->segment = std::move(st.seg);
+    st.seg = Buffer();
+    st.seg_offset += kSegmentBytes;
+    st.seg_written = std::max(st.seg_written, st.seg_offset);
+    CKPTFS_RETURN_IF_ERROR(SubmitWrite(std::move(write)));
+  }
+  return Status::OK();
+}
+
+Status PackWriter::FlushTail(PackState& st) {
+  if (!st.direct || st.length <= st.seg_written) return Status::OK();
+  const size_t filled = st.seg.size();  // == st.length - st.seg_offset, < kSegmentBytes
+  const size_t padded = static_cast<size_t>(AlignUp(filled));
+  st.seg.Resize(padded);
+  std::memset(st.seg.data() + filled, 0, padded - filled);
+  Status s = PWriteFull(st.direct->get(), st.seg_offset, st.seg.bytes(), st.path);
+  st.seg.Resize(filled);
+  if (!s.ok()) {
+    st.failed_at = std::min(st.failed_at, std::max(st.seg_offset, st.synced));
+    last_error_ = s;
+    return s;
+  }
+  st.seg_written = st.length;
+  return Status::OK();
+}
+
+bool PackWriter::using_direct_io() const {
+  MutexLock lock(mu_);
+  return last_direct_;
 }
 
 Result<PackLocation> PackWriter::Append(const RecordHeader& header, Buffer payload,
@@ -124,6 +238,15 @@ Result<PackLocation> PackWriter::Append(const RecordHeader& header,
     CKPTFS_RETURN_IF_ERROR(StartPack(next_id_, std::nullopt));
     st = &State(active_);
   }
+  PackLocation loc{st->id, st->length, static_cast<uint32_t>(total)};
+  if (st->direct) {
+    std::byte head[kRecordHeaderBytes + kChunkIdBytes];
+    header.EncodeTo(head);
+    if (delta_base) std::memcpy(head + kRecordHeaderBytes, delta_base->bytes.data(), kChunkIdBytes);
+    CKPTFS_RETURN_IF_ERROR(AppendToSegments(*st, {head, header_len}));
+    CKPTFS_RETURN_IF_ERROR(AppendToSegments(*st, payload->bytes()));
+    return loc;
+  }
   auto write = std::make_unique<InflightWrite>();
   write->pack_id = st->id;
   write->offset = st->length;
@@ -133,7 +256,6 @@ Result<PackLocation> PackWriter::Append(const RecordHeader& header,
     std::memcpy(write->header + kRecordHeaderBytes, delta_base->bytes.data(), kChunkIdBytes);
   write->header_len = header_len;
   write->payload = std::move(payload);
-  PackLocation loc{st->id, st->length, static_cast<uint32_t>(total)};
   st->length += total;
   CKPTFS_RETURN_IF_ERROR(SubmitWrite(std::move(write)));
   return loc;
@@ -147,12 +269,13 @@ Status PackWriter::SubmitWrite(std::unique_ptr<InflightWrite> write) {
     }
     io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
     if (sqe != nullptr) {
-      write->iov[0] = {write->header, write->header_len};
+      unsigned n = 0;
+      if (write->header_len > 0) write->iov[n++] = {write->header, write->header_len};
       const Bytes payload = write->bytes();
       // The kernel only reads from the payload: const_cast for iovec's non-const pointer.
-      write->iov[1] = {const_cast<std::byte*>(payload.data()), payload.size()};
-      io_uring_prep_writev(sqe, write->fd->get(), write->iov, payload.empty() ? 1 : 2,
-                           write->offset);
+      if (!payload.empty())
+        write->iov[n++] = {const_cast<std::byte*>(payload.data()), payload.size()};
+      io_uring_prep_writev(sqe, write->fd->get(), write->iov, n, write->offset);
       queued_bytes_ += write->memory();
       io_uring_sqe_set_data(sqe, write.release());  // owned by the ring until Reap()
       ++inflight_;
@@ -192,9 +315,11 @@ Status PackWriter::Reap(bool wait_one) {
     if (write->writeback_only) continue;  // a hint: its result does not matter
     queued_bytes_ -= write->memory();
     if (res >= 0 && static_cast<size_t>(res) < write->total()) {
-      // Short write: finish it synchronously.
-      Status s = PWriteRest(write->fd->get(), write->offset, {write->header, write->header_len},
-                            write->bytes(), static_cast<size_t>(res), State(write->pack_id).path);
+      // Short write: finish it synchronously (a segment's rest may be unaligned: through the
+      // page cache).
+      const int fd = write->buffered ? write->buffered->get() : write->fd->get();
+      Status s = PWriteRest(fd, write->offset, {write->header, write->header_len}, write->bytes(),
+                            static_cast<size_t>(res), State(write->pack_id).path);
       res = s.ok() ? static_cast<int>(write->total()) : -s.ToErrno();
     }
     if (res < 0) {
@@ -207,12 +332,18 @@ Status PackWriter::Reap(bool wait_one) {
 
 void PackWriter::Complete(InflightWrite* write, int result) {
   PackState& st = State(write->pack_id);
+  // Two spare segments keep a steady stream of full ones going; more would only sit idle.
+  if (write->segment.capacity() > 0 && free_segments_.size() < 2) {
+    free_segments_.push_back(std::move(write->segment));
+  }
   if (result >= 0) {
     if (st.fd == write->fd) StartWriteback(st, write->offset + write->total());
     return;
   }
-  if (write->offset < st.failed_at) {
-    st.failed_at = write->offset;
+  // A segment begins at a block boundary: records before it in its first block were synced.
+  const uint64_t failed = write->buffered ? std::max(write->offset, st.synced) : write->offset;
+  if (failed < st.failed_at) {
+    st.failed_at = failed;
     spdlog::error("pack {} write at offset {} failed: {}; later records go to a new pack",
                   st.path.string(), write->offset, std::strerror(-result));
   }
@@ -247,6 +378,7 @@ Status PackWriter::WaitAllInflight() {
 
 Status PackWriter::WaitWritten() {
   MutexLock lock(mu_);
+  if (active_ != 0) CKPTFS_RETURN_IF_ERROR(FlushTail(State(active_)));
   if (uring_ok_) CKPTFS_RETURN_IF_ERROR(WaitAllInflight());
   return Status::OK();
 }
@@ -258,6 +390,11 @@ Status PackWriter::Sync() {
   std::filesystem::path path;
   {
     MutexLock lock(mu_);
+    if (active_ != 0) {
+      Status flushed = FlushTail(State(active_));
+      if (!flushed.ok() && uring_ok_) (void)WaitAllInflight();
+      CKPTFS_RETURN_IF_ERROR(flushed);
+    }
     if (uring_ok_) CKPTFS_RETURN_IF_ERROR(WaitAllInflight());
     if (active_ == 0) return Status::OK();
     PackState& st = State(active_);
@@ -295,9 +432,13 @@ Status PackWriter::Rotate() {
 
 Status PackWriter::RotateLocked() {
   if (active_ == 0) return Status::OK();
-  if (uring_ok_) CKPTFS_RETURN_IF_ERROR(WaitAllInflight());
   PackState& st = State(active_);
+  Status flushed = FlushTail(st);
+  if (uring_ok_) CKPTFS_RETURN_IF_ERROR(WaitAllInflight());
   active_ = 0;
+  if (st.seg.capacity() > 0) free_segments_.push_back(std::move(st.seg));
+  st.seg = Buffer();
+  if (!flushed.ok()) return flushed;
   if (st.synced < st.length) {
     Status s = DataSync(st.fd->get(), st.path);
     if (!s.ok()) {
@@ -307,6 +448,9 @@ Status PackWriter::RotateLocked() {
     }
     st.synced = st.length;
   }
+  // The padding of the last block goes (a reader never reads past a record's end).
+  if (st.direct) (void)::ftruncate(st.fd->get(), static_cast<off_t>(st.length));
+  st.direct.reset();
   st.fd.reset();  // in-flight writes hold their own reference
   return Status::OK();
 }
@@ -319,6 +463,12 @@ uint32_t PackWriter::ReserveId() {
 uint32_t PackWriter::active_pack_id() const {
   MutexLock lock(mu_);
   return active_;
+}
+
+std::optional<PackExtent> PackWriter::active_extent() const {
+  MutexLock lock(mu_);
+  if (active_ == 0) return std::nullopt;
+  return PackExtent{active_, packs_.at(active_).length};
 }
 
 }  // namespace ckptfs

@@ -1,8 +1,18 @@
 // engine/store/pack_writer.h
 //
 // Appends records to the active pack file, starting a new pack once the active one reaches its
-// target size. Writes go through io_uring when the kernel allows it (submitted asynchronously,
-// the caller's buffer kept until the write completes), else through pwrite.
+// target size. Writes go through io_uring when the kernel allows it (submitted asynchronously),
+// else through pwrite.
+//
+// Direct writes (Options::direct_io, the default, where the pack's filesystem takes O_DIRECT):
+// records are copied into aligned segments of kSegmentBytes, and each full segment is written
+// with O_DIRECT, so a checkpoint's bytes are neither copied into the page cache nor written
+// back from it (a pack is written once and read rarely; docs/engine.md "Direct pack writes").
+// The partial segment at the tail is written, padded to its block, when Sync, WaitWritten or
+// Rotate need it on disk, and again (whole blocks) as it fills. Bytes past a pack's length are
+// padding, cut at the next open like any uncommitted tail. A new pack whose first O_DIRECT
+// write (its header block) is refused is written through the page cache instead: each record
+// from the caller's buffer, kept until its write completes.
 //
 //   auto loc = writer->Append(header, std::move(payload));   // location of the record
 //   CKPTFS_RETURN_IF_ERROR(writer->Sync());                  // durable ...
@@ -52,7 +62,10 @@ class PackWriter {
     // written (at least one record always is). The queue is memory like the write pipeline's:
     // the Store counts it in its in-flight budget.
     size_t queue_bytes = 16u << 20;
+    bool direct_io = true;
   };
+  static constexpr size_t kSegmentBytes = 2u << 20;
+  static constexpr size_t kDirectAlignment = 4096;
   // Appends to `resume` (a pack already cut to its committed length) when given and still
   // under target, else creates pack `next_id`.
   static Result<std::unique_ptr<PackWriter>> Open(const std::filesystem::path& dir,
@@ -83,10 +96,15 @@ class PackWriter {
   // Closes the active pack (synced) and starts a new one on the next Append.
   Status Rotate();
   uint32_t active_pack_id() const;
+  // The active pack and the bytes appended to it (its file may be longer: a direct pack's
+  // block padding), if there is one.
+  std::optional<PackExtent> active_extent() const;
   // Reserves a pack id this writer will never use, for a pack another process writes
   // (Store::CreateExternalPack).
   uint32_t ReserveId();
   bool using_io_uring() const { return uring_ok_; }
+  // Whether the active pack (or else the last one started) is written with O_DIRECT.
+  bool using_direct_io() const;
 
  private:
   struct PackState {
@@ -97,6 +115,13 @@ class PackWriter {
     uint64_t synced = 0;              // bytes known durable
     uint64_t failed_at = UINT64_MAX;  // first byte of the first failed write
     uint64_t writeback_from = 0;      // writeback has been started for bytes before this
+    // Direct writes: the O_DIRECT descriptor (null for a pack written through the page cache)
+    // and the segment being filled, which starts at seg_offset (aligned) and holds the pack's
+    // bytes up to `length`; seg_written: how many of them are on disk (a flushed tail).
+    std::shared_ptr<FileDescriptor> direct;
+    Buffer seg;
+    uint64_t seg_offset = 0;
+    uint64_t seg_written = 0;
   };
   struct InflightWrite;
 
@@ -104,6 +129,15 @@ class PackWriter {
   Status StartPack(uint32_t id, std::optional<uint64_t> resume_length) REQUIRES(mu_);
   Status RotateLocked() REQUIRES(mu_);
   Status SubmitWrite(std::unique_ptr<InflightWrite> write) REQUIRES(mu_);
+  // Direct writes: copies `bytes` into the pack's segments, submitting each one that fills.
+  Status AppendToSegments(PackState& st, Bytes bytes) REQUIRES(mu_);
+  // Writes the partial tail segment (padded to its block) synchronously, if not on disk yet.
+  Status FlushTail(PackState& st) REQUIRES(mu_);
+  Buffer NewSegment() REQUIRES(mu_);
+  // Direct packs: the segment of a pack `length` bytes long whose last block starts with
+  // `tail`; unless that is `on_disk` already, the block is written at once (the probe), and a
+  // refused probe turns direct writes off for the pack.
+  Status StartSegment(PackState& st, uint64_t length, Bytes tail, bool on_disk) REQUIRES(mu_);
   // Waits for completions: at least one when `wait_one`, else only those already done.
   Status Reap(bool wait_one) REQUIRES(mu_);
   void Complete(InflightWrite* write, int result) REQUIRES(mu_);
@@ -124,6 +158,8 @@ class PackWriter {
   size_t inflight_ GUARDED_BY(mu_) = 0;      // ring entries not yet reaped
   size_t queued_bytes_ GUARDED_BY(mu_) = 0;  // record bytes of those entries
   Status last_error_ GUARDED_BY(mu_);
+  std::vector<Buffer> free_segments_ GUARDED_BY(mu_);  // written segments, for reuse
+  bool last_direct_ GUARDED_BY(mu_) = false;
 };
 
 }  // namespace ckptfs

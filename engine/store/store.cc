@@ -677,6 +677,8 @@ Status Store::RemoveName(std::string_view name) {
 
 uint64_t Store::PackBytesOnDisk() const {
   uint64_t total = 0;
+  // The active pack counts what was appended, not the padding of a direct pack's last block.
+  const PackExtent active = packs_ ? packs_->active_extent().value_or(PackExtent{}) : PackExtent{};
   std::error_code ec;
   for (std::filesystem::directory_iterator it(dir_ / "packs", ec), end; !ec && it != end;
        it.increment(ec)) {
@@ -685,8 +687,9 @@ uint64_t Store::PackBytesOnDisk() const {
     if (ParsePackFileName(it->path().filename().string(), &id) &&
         ::stat(it->path().c_str(), &st) == 0) {
       // The file's length, less the holes gc punched (allocated blocks, when fewer).
-      total +=
-          std::min(static_cast<uint64_t>(st.st_size), static_cast<uint64_t>(st.st_blocks) * 512);
+      uint64_t size = static_cast<uint64_t>(st.st_size);
+      if (active.pack_id != 0 && active.pack_id == id) size = std::min(size, active.length);
+      total += std::min(size, static_cast<uint64_t>(st.st_blocks) * 512);
     }
   }
   return total;
