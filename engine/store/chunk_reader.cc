@@ -50,10 +50,6 @@ Status PReadTwo(int fd, uint64_t offset, MutableBytes header, MutableBytes paylo
   return Status::OK();
 }
 
-// Offsets, lengths and buffers of O_DIRECT reads are multiples of this: the page size, which
-// covers the logical block size of every common disk (512 or 4096 bytes).
-constexpr uint64_t kDirectAlign = 4096;
-
 // Whether every page of [offset, offset + length) is in the page cache; NotSupported where
 // the kernel cannot tell.
 Result<bool> AllCached(int fd, uint64_t offset, uint64_t length) {
@@ -70,15 +66,15 @@ Result<bool> AllCached(int fd, uint64_t offset, uint64_t length) {
 Status PReadDirect(int fd, uint64_t offset, MutableBytes header, size_t payload_size,
                    Buffer* payload) {
   const uint64_t end = offset + header.size() + payload_size;
-  const uint64_t begin = offset / kDirectAlign * kDirectAlign;
-  const uint64_t block_end = (end + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
-  Buffer block = Buffer::InAlignedBlock(kDirectAlign, block_end - begin,
+  const uint64_t begin = AlignDownForDirectIo(offset);
+  const uint64_t block_end = AlignUpForDirectIo(end);
+  Buffer block = Buffer::InAlignedBlock(kDirectIoAlignment, block_end - begin,
                                         offset - begin + header.size(), payload_size);
   MutableBytes blocks = block.block();
   const uint64_t need = end - begin;
   uint64_t done = 0;
   while (done < need) {
-    if (done % kDirectAlign != 0) {  // a short read ended at the end of the file
+    if (done % kDirectIoAlignment != 0) {  // a short read ended at the end of the file
       return Status::Corruption("unexpected end of file at " + std::to_string(begin + done));
     }
     ssize_t n =

@@ -48,11 +48,6 @@ Status PWriteRest(int fd, uint64_t offset, Bytes header, Bytes payload, size_t d
   }
   return PWriteFull(fd, offset + done, payload.subspan(done - header.size()), path);
 }
-
-uint64_t AlignDown(uint64_t n) {
-  return n / PackWriter::kDirectAlignment * PackWriter::kDirectAlignment;
-}
-uint64_t AlignUp(uint64_t n) { return AlignDown(n + PackWriter::kDirectAlignment - 1); }
 }  // namespace
 
 PackWriter::PackWriter(std::filesystem::path dir, Options options)
@@ -107,7 +102,7 @@ Status PackWriter::StartPack(uint32_t id, std::optional<uint64_t> resume_length)
   if (resume_length) {
     st.length = st.synced = *resume_length;
     if (st.direct) {
-      const uint64_t from = AlignDown(*resume_length);
+      const uint64_t from = AlignDownForDirectIo(*resume_length);
       Buffer tail(static_cast<size_t>(*resume_length - from));
       CKPTFS_RETURN_IF_ERROR(PReadFull(st.fd->get(), from, tail.mutable_bytes(), st.path));
       CKPTFS_RETURN_IF_ERROR(StartSegment(st, *resume_length, tail.bytes(), /*on_disk=*/true));
@@ -140,15 +135,15 @@ Status PackWriter::StartPack(uint32_t id, std::optional<uint64_t> resume_length)
 Status PackWriter::StartSegment(PackState& st, uint64_t length, Bytes tail, bool on_disk) {
   if (!st.direct) return Status::OK();
   st.seg = NewSegment();
-  st.seg_offset = AlignDown(length);
+  st.seg_offset = AlignDownForDirectIo(length);
   st.seg.Resize(length - st.seg_offset);
   std::memcpy(st.seg.data(), tail.data(), tail.size());
-  st.seg_written = on_disk ? length : st.seg_offset;
   st.length = length;
+  st.seg_written = length;
   if (on_disk) return Status::OK();
-  Status s = FlushTail(st);
-  if (s.ok()) return s;
-  if (s.ToErrno() != EINVAL) return s;
+  // The probe: a refusal is no failed write of the pack (FlushTail would record one).
+  Status s = WritePaddedTail(st);
+  if (s.ok() || s.ToErrno() != EINVAL) return s;
   spdlog::info("{}: no O_DIRECT writes here ({}); writing through the page cache", st.path.string(),
                s.ToString());
   st.direct.reset();
@@ -162,7 +157,7 @@ Buffer PackWriter::NewSegment() {
     seg = std::move(free_segments_.back());
     free_segments_.pop_back();
   } else {
-    seg = Buffer::InAlignedBlock(kDirectAlignment, kSegmentBytes, 0, kSegmentBytes);
+    seg = Buffer::InAlignedBlock(kDirectIoAlignment, kSegmentBytes, 0, kSegmentBytes);
   }
   seg.Resize(0);
   return seg;
@@ -193,14 +188,19 @@ Status PackWriter::AppendToSegments(PackState& st, Bytes bytes) {
   return Status::OK();
 }
 
-Status PackWriter::FlushTail(PackState& st) {
-  if (!st.direct || st.length <= st.seg_written) return Status::OK();
+Status PackWriter::WritePaddedTail(PackState& st) {
   const size_t filled = st.seg.size();  // == st.length - st.seg_offset, < kSegmentBytes
-  const size_t padded = static_cast<size_t>(AlignUp(filled));
+  const size_t padded = static_cast<size_t>(AlignUpForDirectIo(filled));
   st.seg.Resize(padded);
   std::memset(st.seg.data() + filled, 0, padded - filled);
   Status s = PWriteFull(st.direct->get(), st.seg_offset, st.seg.bytes(), st.path);
   st.seg.Resize(filled);
+  return s;
+}
+
+Status PackWriter::FlushTail(PackState& st) {
+  if (!st.direct || st.length <= st.seg_written) return Status::OK();
+  Status s = WritePaddedTail(st);
   if (!s.ok()) {
     st.failed_at = std::min(st.failed_at, std::max(st.seg_offset, st.synced));
     last_error_ = s;

@@ -65,7 +65,6 @@ class PackWriter {
     bool direct_io = true;
   };
   static constexpr size_t kSegmentBytes = 2u << 20;
-  static constexpr size_t kDirectAlignment = 4096;
   // Appends to `resume` (a pack already cut to its committed length) when given and still
   // under target, else creates pack `next_id`.
   static Result<std::unique_ptr<PackWriter>> Open(const std::filesystem::path& dir,
@@ -131,8 +130,11 @@ class PackWriter {
   Status SubmitWrite(std::unique_ptr<InflightWrite> write) REQUIRES(mu_);
   // Direct writes: copies `bytes` into the pack's segments, submitting each one that fills.
   Status AppendToSegments(PackState& st, Bytes bytes) REQUIRES(mu_);
-  // Writes the partial tail segment (padded to its block) synchronously, if not on disk yet.
+  // Writes the partial tail segment (padded to its block) synchronously, if not on disk yet; a
+  // failure caps the pack (failed_at) as a failed record write does.
   Status FlushTail(PackState& st) REQUIRES(mu_);
+  // The write itself, nothing recorded.
+  Status WritePaddedTail(PackState& st) REQUIRES(mu_);
   Buffer NewSegment() REQUIRES(mu_);
   // Direct packs: the segment of a pack `length` bytes long whose last block starts with
   // `tail`; unless that is `on_disk` already, the block is written at once (the probe), and a

@@ -688,7 +688,7 @@ uint64_t Store::PackBytesOnDisk() const {
         ::stat(it->path().c_str(), &st) == 0) {
       // The file's length, less the holes gc punched (allocated blocks, when fewer).
       uint64_t size = static_cast<uint64_t>(st.st_size);
-      if (active.pack_id != 0 && active.pack_id == id) size = std::min(size, active.length);
+      if (id == active.pack_id) size = std::min(size, active.length);
       total += std::min(size, static_cast<uint64_t>(st.st_blocks) * 512);
     }
   }

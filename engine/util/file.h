@@ -36,6 +36,16 @@ class FileDescriptor {
   int fd_ = -1;
 };
 
+// Offsets, lengths and buffers of the O_DIRECT reads and writes of pack files are multiples of
+// this: the page size, which covers the logical block size of every common disk (512 or 4096).
+inline constexpr uint64_t kDirectIoAlignment = 4096;
+inline constexpr uint64_t AlignDownForDirectIo(uint64_t n) {
+  return n / kDirectIoAlignment * kDirectIoAlignment;
+}
+inline constexpr uint64_t AlignUpForDirectIo(uint64_t n) {
+  return AlignDownForDirectIo(n + kDirectIoAlignment - 1);
+}
+
 Result<FileDescriptor> OpenFile(const std::filesystem::path& path, int flags, int mode = 0600);
 // Reads exactly out.size() bytes at offset; a short file is Corruption ("truncated").
 Status PReadFull(int fd, uint64_t offset, MutableBytes out, const std::filesystem::path& path);

@@ -91,6 +91,14 @@ class DeltaTest : public ::testing::Test {
       record_bytes->push_back(e.record_bytes);
     }
   }
+  // Every version's records are smaller than its bytes: encoded as written (checked before the
+  // re-encoder runs).
+  static void ExpectEveryVersionEncoded(const Store& store, const std::vector<ContentId>& ids) {
+    for (size_t v = 0; v < ids.size(); ++v) {
+      ASSERT_OK_AND_ASSIGN(ContentEncoding e, store.DescribeContent(ids[v]));
+      EXPECT_LT(e.record_bytes, e.raw_bytes) << "version " << v << " encoded as written";
+    }
+  }
   static constexpr int kVersions = 7;
   TempDir data_{"delta-data"};
   TempDir dir_{"delta-store"};
@@ -452,10 +460,7 @@ TEST_F(DeltaTest, AWriterThatEncodesAtWriteStoresWhatACompressAtWriteStoreStores
   ASSERT_OK_AND_ASSIGN(std::vector<ContentId> ids,
                        StoreChain(*store, files_, /*encode_at_write=*/true));
   ASSERT_TRUE(gate.WaitHeld());
-  for (int v = 0; v < kVersions; ++v) {
-    ASSERT_OK_AND_ASSIGN(ContentEncoding e, store->DescribeContent(ids[v]));
-    EXPECT_LT(e.record_bytes, e.raw_bytes) << "version " << v << " encoded as written";
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectEveryVersionEncoded(*store, ids));
   gate.Release();
   store->WaitReencoded();
   for (int v = 0; v < kVersions; ++v) {
@@ -478,10 +483,7 @@ TEST_F(DeltaTest, PiecesBelowTheCompressBehindMinimumAreEncodedAsWritten) {
   ASSERT_TRUE(store);
   ASSERT_OK_AND_ASSIGN(std::vector<ContentId> ids, StoreChain(*store, files_));
   ASSERT_TRUE(gate.WaitHeld());
-  for (int v = 0; v < kVersions; ++v) {
-    ASSERT_OK_AND_ASSIGN(ContentEncoding e, store->DescribeContent(ids[v]));
-    EXPECT_LT(e.record_bytes, e.raw_bytes) << "version " << v << " encoded as written";
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectEveryVersionEncoded(*store, ids));
   gate.Release();
   store->WaitReencoded();
   for (int v = 0; v < kVersions; ++v) {
