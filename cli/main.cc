@@ -17,6 +17,7 @@
 #include "cli/store_commands.h"
 #include "engine/objstore/s3_config.h"
 #include "engine/store/store.h"
+#include "fs/daemon_heap.h"
 #include "fs/mount.h"
 #include "fs/mount_options.h"
 
@@ -116,6 +117,9 @@ int main(int argc, char** argv) {
   auto logger = spdlog::stderr_color_mt("ckptfs");
   spdlog::set_default_logger(logger);
   spdlog::set_level(spdlog::level::warn);
+  // The daemon's heap in huge pages (fs/daemon_heap.h): `ckptfs mount` runs again with the
+  // glibc tunable that asks for them, before it parses anything or forks the daemon.
+  if (IsMountCommand(argc, argv)) ReexecWithHugePageHeap(argv);
 
   CLI::App app{
       "ckptfs: a deduplicating, compressing store for deep-learning checkpoints.\n"

@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <grp.h>
-#include <malloc.h>
 #include <spdlog/sinks/rotating_file_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -36,6 +35,7 @@
 #include "engine/objstore/s3_client.h"
 #include "engine/store/store.h"
 #include "engine/util/thread_role.h"
+#include "fs/daemon_heap.h"
 #include "fs/fuse_ops.h"
 #include "fs/heap_trimmer.h"
 #include "fs/passthrough.h"
@@ -220,18 +220,7 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
   }
   const std::string codec = (*store)->options().codec->ToString();  // given, else recorded
   if (!start_log()) return 1;
-  // Chunk buffers are 1 MiB: by default glibc maps and unmaps each one, and every write then
-  // page-faults fresh memory. Keeping them in the heap halved the daemon's CPU per GB saved
-  // (scripts/bench/fs.sh: durable save 1.94x -> 1.16x native). Freed memory is reused, and the
-  // budget (cache + in-flight) still bounds how much is live; what lies free is returned once the
-  // daemon goes quiet (fs/heap_trimmer.h).
-  // One arena: each of glibc's per-thread arenas (up to 8 per core) would otherwise keep its
-  // own idle memory; with ~10 FUSE and worker threads a fresh daemon sat 200-300 MiB above its
-  // cache while a reader streamed 2 GiB (tests/views/test_low_memory.py), 30 MiB with one.
-  // The daemon allocates about once per MiB moved, so the shared arena's lock is not contended.
-  mallopt(M_ARENA_MAX, 1);
-  mallopt(M_MMAP_THRESHOLD, 32 << 20);
-  mallopt(M_TRIM_THRESHOLD, 64 << 20);
+  ConfigureDaemonHeap();  // fs/daemon_heap.h
   // One descriptor per pack file read: allow as many as the system lets us.
   rlimit files;
   if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {

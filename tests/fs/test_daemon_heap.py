@@ -1,0 +1,92 @@
+#!/usr/bin/python3
+"""The daemon's heap in transparent huge pages (fs/daemon_heap.h, docs/fs.md "Huge pages").
+
+- `ckptfs mount` runs again with GLIBC_TUNABLES=glibc.malloc.hugetlb=1, so the daemon starts
+  with it (its /proc/PID/environ) and, where the kernel's THP mode lets a process ask for huge
+  pages (madvise or always), a save and a read through the mount leave its heap in huge pages
+  (AnonHugePages in /proc/PID/smaps_rollup). The process keeps its name (comm: ps, pgrep).
+- A GLIBC_TUNABLES that already names glibc.malloc.hugetlb is the user's choice and is kept:
+  with glibc.malloc.hugetlb=0 the daemon runs with exactly that
+  value and, where THP is madvise, without huge pages.
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import mounted  # noqa: E402
+
+MiB = 1 << 20
+
+
+def thp_mode():
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return f.read().split("[")[1].split("]")[0]
+    except (OSError, IndexError):
+        return "never"
+
+
+def daemon_tunables(pid):
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        env = dict(e.split(b"=", 1) for e in f.read().split(b"\0") if b"=" in e)
+    value = env.get(b"GLIBC_TUNABLES")
+    return value.decode() if value is not None else None
+
+
+def anon_huge_bytes(pid):
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("AnonHugePages:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+class DaemonHeapTest(mounted.MountedTestCase):
+
+    def setUp(self):
+        pass  # each test mounts with its own environment
+
+    def save_and_read(self, m):
+        path = os.path.join(m.mnt, "v1")
+        os.mkdir(path)
+        payload = mounted.data(64 * MiB, seed=7)
+        mounted.write_file(os.path.join(path, "model.pt"), payload)
+        mounted.ckptfs("sync", m.mnt)
+        self.assertEqual(mounted.read_file(os.path.join(path, "model.pt")), payload)
+
+    def test_the_daemon_asks_for_huge_pages(self):
+        before = os.environ.pop("GLIBC_TUNABLES", None)
+        try:
+            m = self.new_mount(name="huge")
+        finally:
+            if before is not None:
+                os.environ["GLIBC_TUNABLES"] = before
+        self.assertEqual(daemon_tunables(m.pid), "glibc.malloc.hugetlb=1")
+        # Run again from its own path, not /proc/self/exe: ps and pgrep still say ckptfs.
+        with open(f"/proc/{m.pid}/comm") as f:
+            self.assertEqual(f.read().strip(), os.path.basename(mounted.CKPTFS)[:15])
+        self.save_and_read(m)
+        if thp_mode() in ("madvise", "always"):
+            self.assertGreater(anon_huge_bytes(m.pid), 0,
+                               "no huge page in the daemon's heap after a 64 MiB save and read")
+
+    def test_a_users_choice_is_kept(self):
+        chosen = "glibc.malloc.hugetlb=0"
+        before = os.environ.get("GLIBC_TUNABLES")
+        os.environ["GLIBC_TUNABLES"] = chosen
+        try:
+            m = self.new_mount(name="chosen")
+        finally:
+            if before is None:
+                del os.environ["GLIBC_TUNABLES"]
+            else:
+                os.environ["GLIBC_TUNABLES"] = before
+        self.assertEqual(daemon_tunables(m.pid), chosen)
+        self.save_and_read(m)
+        if thp_mode() == "madvise":
+            self.assertEqual(anon_huge_bytes(m.pid), 0)
+
+
+if __name__ == "__main__":
+    mounted.check_prerequisites()
+    mounted.main()
