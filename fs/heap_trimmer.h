@@ -17,16 +17,29 @@
 // While busy, the heap holds at most what was live at the busy period's peak, which the cache
 // and in-flight budget bound (plus fragmentation, which the limit catches).
 //
-//   HeapTrimPolicy policy(cache + inflight + (32 << 20));
-//   every kTick: if (policy.ShouldTrim(Sample{...})) malloc_trim(0);
+// The heap is in transparent huge pages (fs/daemon_heap.h). After a trim because the daemon went
+// quiet, the heap *rests*: it is marked MADV_NOHUGEPAGE, because khugepaged would otherwise
+// collapse every 2 MiB range that still holds one live page, filling the trimmed holes again
+// (measured: an idle daemon's RSS crept from 263 to 399 MiB in four minutes, towards the whole
+// heap). The first tick on which the process used more than kIdleCpuShare of a core again
+// wakes it (MADV_HUGEPAGE); while resting the ticks are kRestingTick apart, so that a save or
+// a read that starts touches 4 KiB pages for at most that long.
 //
-// RunHeapTrimmer is that loop on the calling thread, with mallinfo2, /proc/self/statm and the
-// process CPU clock, until `stop` is requested.
+//   HeapTrimPolicy policy(cache + inflight + (32 << 20));
+//   every tick: switch (policy.Decide(Sample{...}, free_heap)) {
+//     case kTrim: malloc_trim(0); break;
+//     case kTrimAndRest: malloc_trim(0); heap NOHUGEPAGE; break;
+//     case kWake: heap HUGEPAGE; break;
+//   }
+//
+// RunHeapTrimmer is that loop on the calling thread, with mallinfo2, /proc/self/statm, the
+// process CPU clock and madvise over the [heap] mapping, until `stop` is requested.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
 #include <deque>
+#include <functional>
 #include <stop_token>
 
 namespace ckptfs {
@@ -37,28 +50,39 @@ class HeapTrimPolicy {
   static constexpr std::chrono::milliseconds kTick{250};
   static constexpr std::chrono::milliseconds kIdleWindow{10000};
   static constexpr double kIdleCpuShare = 0.05;
+  static constexpr std::chrono::milliseconds kRestingTick{50};
 
   struct Sample {
     std::chrono::steady_clock::time_point now;
-    std::chrono::nanoseconds process_cpu;  // the process's CPU time so far (all threads)
-    size_t free_heap_bytes;                // free bytes inside the heap (mallinfo2 fordblks)
+    std::chrono::nanoseconds process_cpu;  // CPU time so far of the process's other threads
     size_t anon_resident_bytes;            // anonymous resident memory (statm resident - shared)
   };
 
   // `resident_limit`: above it, a busy daemon trims too.
   explicit HeapTrimPolicy(size_t resident_limit) : resident_limit_(resident_limit) {}
 
-  // Takes the sample taken at this tick; true when the heap should be trimmed now.
-  bool ShouldTrim(const Sample& s);
+  enum class Action {
+    kNone,
+    kTrim,         // trim the heap (over the resident limit)
+    kTrimAndRest,  // trim the heap, the daemon went quiet: the heap rests (no huge pages)
+    kWake,         // the daemon works again: the resting heap takes huge pages again
+  };
+
+  // Takes the sample taken at this tick; what to do now. `free_heap` (the free bytes inside the
+  // heap) is asked only on a tick where a trim is possible: mallinfo2 walks every free chunk
+  // under the arena's lock (1.7 ms on the fragmented heap of an idle daemon after a save).
+  Action Decide(const Sample& s, const std::function<size_t()>& free_heap);
+  bool resting() const { return resting_; }
 
  private:
   size_t resident_limit_;
   std::deque<Sample> window_;  // samples of the last kIdleWindow (and the one before it)
   bool trimmed_while_idle_ = false;
+  bool resting_ = false;
 };
 
-// Samples every HeapTrimPolicy::kTick and calls malloc_trim(0) when the policy says so, until
-// `stop` is requested.
+// Samples every HeapTrimPolicy::kTick (kRestingTick while the heap rests) and does what the
+// policy says, until `stop` is requested.
 void RunHeapTrimmer(std::stop_token stop, size_t resident_limit);
 
 }  // namespace ckptfs

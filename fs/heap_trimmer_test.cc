@@ -15,11 +15,20 @@ constexpr size_t kMiB = 1 << 20;
 class Ticks {
  public:
   explicit Ticks(size_t limit) : policy_(limit) {}
-  bool Tick(double busy, size_t free_heap, size_t anon = 100 * kMiB) {
+  HeapTrimPolicy::Action Next(double busy, size_t free_heap, size_t anon = 100 * kMiB) {
     now_ += HeapTrimPolicy::kTick;
     cpu_ += std::chrono::duration_cast<std::chrono::nanoseconds>(HeapTrimPolicy::kTick * busy);
-    return policy_.ShouldTrim({now_, cpu_, free_heap, anon});
+    return policy_.Decide({now_, cpu_, anon}, [this, free_heap] {
+      ++free_heap_asked_;
+      return free_heap;
+    });
   }
+  bool Tick(double busy, size_t free_heap, size_t anon = 100 * kMiB) {
+    HeapTrimPolicy::Action a = Next(busy, free_heap, anon);
+    return a == HeapTrimPolicy::Action::kTrim || a == HeapTrimPolicy::Action::kTrimAndRest;
+  }
+  const HeapTrimPolicy& policy() const { return policy_; }
+  int free_heap_asked() const { return free_heap_asked_; }
   // Ticks until the policy has seen a whole idle window; returns how many said "trim".
   int TickIdleFor(milliseconds d, size_t free_heap) {
     int trims = 0;
@@ -31,6 +40,7 @@ class Ticks {
   HeapTrimPolicy policy_;
   std::chrono::steady_clock::time_point now_{};
   std::chrono::nanoseconds cpu_{0};
+  int free_heap_asked_ = 0;
 };
 
 TEST(HeapTrimPolicy, ABusyDaemonKeepsItsFreeHeap) {
@@ -67,6 +77,45 @@ TEST(HeapTrimPolicy, ALittleBackgroundWorkStillCountsAsQuiet) {
   int trims = 0;
   for (int i = 0; i < 200; ++i) trims += t.Tick(HeapTrimPolicy::kIdleCpuShare / 2, 64 * kMiB);
   EXPECT_EQ(trims, 1);
+}
+
+TEST(HeapTrimPolicy, TheHeapRestsAfterAQuietTrimUntilTheDaemonWorksAgain) {
+  Ticks t(512 * kMiB);
+  for (int i = 0; i < 20; ++i) t.Tick(1.0, 200 * kMiB);
+  EXPECT_FALSE(t.policy().resting());
+  EXPECT_EQ(t.TickIdleFor(2 * HeapTrimPolicy::kIdleWindow, 200 * kMiB), 1);
+  EXPECT_TRUE(t.policy().resting());
+  // Background work below the idle share does not wake it; the first busier tick does, once.
+  EXPECT_EQ(t.Next(HeapTrimPolicy::kIdleCpuShare / 2, 200 * kMiB), HeapTrimPolicy::Action::kNone);
+  EXPECT_EQ(t.Next(0.5, 200 * kMiB), HeapTrimPolicy::Action::kWake);
+  EXPECT_FALSE(t.policy().resting());
+  EXPECT_EQ(t.Next(0.5, 200 * kMiB), HeapTrimPolicy::Action::kNone);
+}
+
+TEST(HeapTrimPolicy, AfterWakingTheNextQuietPeriodRestsAgain) {
+  Ticks t(512 * kMiB);
+  EXPECT_EQ(t.TickIdleFor(2 * HeapTrimPolicy::kIdleWindow, 200 * kMiB), 1);
+  EXPECT_EQ(t.Next(0.5, 200 * kMiB), HeapTrimPolicy::Action::kWake);
+  // A whole quiet window counted from the wake, then one more trim, and the heap rests.
+  EXPECT_EQ(t.TickIdleFor(HeapTrimPolicy::kIdleWindow * 9 / 10, 200 * kMiB), 0);
+  EXPECT_EQ(t.TickIdleFor(HeapTrimPolicy::kIdleWindow, 200 * kMiB), 1);
+  EXPECT_TRUE(t.policy().resting());
+}
+
+TEST(HeapTrimPolicy, TheFreeHeapIsMeasuredOnlyWhereATrimIsPossible) {
+  Ticks t(512 * kMiB);
+  for (int i = 0; i < 100; ++i) t.Tick(0.8, 200 * kMiB);
+  EXPECT_EQ(t.free_heap_asked(), 0);  // busy, under the limit
+  t.Tick(0.8, 200 * kMiB, /*anon=*/600 * kMiB);
+  EXPECT_EQ(t.free_heap_asked(), 1);  // over the limit
+  t.TickIdleFor(3 * HeapTrimPolicy::kIdleWindow, 200 * kMiB);
+  EXPECT_EQ(t.free_heap_asked(), 2);  // the quiet trim, once; resting ticks ask nothing
+}
+
+TEST(HeapTrimPolicy, ATrimOverTheResidentLimitDoesNotRest) {
+  Ticks t(512 * kMiB);
+  EXPECT_EQ(t.Next(0.9, 100 * kMiB, /*anon=*/600 * kMiB), HeapTrimPolicy::Action::kTrim);
+  EXPECT_FALSE(t.policy().resting());
 }
 
 }  // namespace

@@ -5,6 +5,9 @@
   with it (its /proc/PID/environ) and, where the kernel's THP mode lets a process ask for huge
   pages (madvise or always), a save and a read through the mount leave its heap in huge pages
   (AnonHugePages in /proc/PID/smaps_rollup). The process keeps its name (comm: ps, pgrep).
+- Once the daemon went quiet and trimmed its heap, the heap is advised against huge pages
+  (VmFlags "nh": khugepaged would fill the trimmed holes again); reads through the daemon advise
+  them again ("hg").
 - A GLIBC_TUNABLES that already names glibc.malloc.hugetlb is the user's choice and is kept:
   with glibc.malloc.hugetlb=0 the daemon runs with exactly that
   value and, where THP is madvise, without huge pages.
@@ -33,6 +36,25 @@ def daemon_tunables(pid):
     return value.decode() if value is not None else None
 
 
+def payload(size):
+    return b"".join(mounted.data(min(64 * MiB, size - i), seed=7 + i)
+                    for i in range(0, size, 64 * MiB))
+
+
+def heap_vm_flags(pid):
+    """The VmFlags of each [heap] mapping of the process (smaps): "hg" huge pages advised,
+    "nh" advised against."""
+    flags, in_heap = [], False
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            head = line.split()
+            if head and "-" in head[0] and ":" not in head[0]:
+                in_heap = line.rstrip().endswith("[heap]")
+            elif in_heap and line.startswith("VmFlags:"):
+                flags.append(set(line.split()[1:]))
+    return flags
+
+
 def anon_huge_bytes(pid):
     with open(f"/proc/{pid}/smaps_rollup") as f:
         for line in f:
@@ -46,13 +68,13 @@ class DaemonHeapTest(mounted.MountedTestCase):
     def setUp(self):
         pass  # each test mounts with its own environment
 
-    def save_and_read(self, m):
+    def save_and_read(self, m, size=64 * MiB):
         path = os.path.join(m.mnt, "v1")
         os.mkdir(path)
-        payload = mounted.data(64 * MiB, seed=7)
-        mounted.write_file(os.path.join(path, "model.pt"), payload)
+        data = payload(size)
+        mounted.write_file(os.path.join(path, "model.pt"), data)
         mounted.ckptfs("sync", m.mnt)
-        self.assertEqual(mounted.read_file(os.path.join(path, "model.pt")), payload)
+        self.assertEqual(mounted.read_file(os.path.join(path, "model.pt")), data)
 
     def test_the_daemon_asks_for_huge_pages(self):
         before = os.environ.pop("GLIBC_TUNABLES", None)
@@ -69,6 +91,35 @@ class DaemonHeapTest(mounted.MountedTestCase):
         if thp_mode() in ("madvise", "always"):
             self.assertGreater(anon_huge_bytes(m.pid), 0,
                                "no huge page in the daemon's heap after a 64 MiB save and read")
+
+    def test_the_heap_rests_once_the_daemon_is_quiet(self):
+        """After the trim of a quiet daemon, its heap is advised against huge pages (khugepaged
+        would fill the trimmed holes again); the next read advises them again."""
+        before = os.environ.pop("GLIBC_TUNABLES", None)
+        try:
+            m = self.new_mount(name="rest")
+        finally:
+            if before is not None:
+                os.environ["GLIBC_TUNABLES"] = before
+        # Enough to leave more than the trimmer's 32 MiB minimum free in the heap afterwards.
+        self.save_and_read(m, 256 * MiB)
+        # The trimmer trims once the daemon used < 5% of a core over 10 s.
+        self.assertTrue(mounted.wait_until(
+            lambda: any("nh" in f for f in heap_vm_flags(m.pid)), 30),
+            "the heap was not advised against huge pages after the daemon went quiet: %s"
+            % heap_vm_flags(m.pid))
+        self.assertFalse(any("hg" in f for f in heap_vm_flags(m.pid)))
+        path = os.path.join(m.mnt, "v1", "model.pt")
+        expected = payload(256 * MiB)
+
+        def read_through_the_daemon():
+            with open(path, "rb") as f:
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)  # not from page cache
+                self.assertEqual(f.read(), expected)
+            return any("hg" in f for f in heap_vm_flags(m.pid))
+
+        self.assertTrue(mounted.wait_until(read_through_the_daemon, 20, interval=0.2),
+                        "reads did not wake the heap: %s" % heap_vm_flags(m.pid))
 
     def test_a_users_choice_is_kept(self):
         chosen = "glibc.malloc.hugetlb=0"
