@@ -5,7 +5,6 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <condition_variable>
 #include <cstdint>
@@ -13,6 +12,8 @@
 #include <cstring>
 #include <ctime>
 #include <mutex>
+#include <utility>
+#include <vector>
 
 namespace ckptfs {
 
@@ -73,27 +74,58 @@ size_t AnonResidentBytes() {
   return (resident - shared) * static_cast<size_t>(::sysconf(_SC_PAGESIZE));
 }
 
-// Marks the heap (the [heap] mappings: with one arena, where malloc keeps everything below the
-// mmap threshold) for huge pages or not. Heap that glibc takes later it marks itself.
-void AdviseHeapHugePages(bool huge) {
+#ifndef MADV_COLLAPSE
+#define MADV_COLLAPSE 25  // Linux >= 6.1 (glibc 2.36's headers predate it)
+#endif
+
+// The [heap] mappings (with one arena, where malloc keeps everything below the mmap threshold).
+std::vector<std::pair<uintptr_t, uintptr_t>> HeapMappings() {
+  std::vector<std::pair<uintptr_t, uintptr_t>> out;
   FILE* f = std::fopen("/proc/self/maps", "r");
-  if (f == nullptr) return;
-  uintptr_t start = UINTPTR_MAX, end = 0;
+  if (f == nullptr) return out;
   char line[512];
   while (std::fgets(line, sizeof(line), f) != nullptr) {
     if (std::strstr(line, "[heap]") == nullptr) continue;
     unsigned long lo = 0, hi = 0;
-    if (std::sscanf(line, "%lx-%lx", &lo, &hi) != 2) continue;
-    start = std::min<uintptr_t>(start, lo);
-    end = std::max<uintptr_t>(end, hi);
+    if (std::sscanf(line, "%lx-%lx", &lo, &hi) == 2 && lo < hi) out.emplace_back(lo, hi);
   }
   std::fclose(f);
-  if (start >= end) return;
+  return out;
+}
+
+// Advises the heap against huge pages (resting) or for them (waking). Waking also collapses
+// the heap into huge pages at once: the quiet trim split every huge page beside a live buffer,
+// and those ranges would otherwise fault 4 KiB at a time (42-51 k faults in the save after a
+// quiet period) until khugepaged merged them. Collapsing fills the trimmed holes, so it is done
+// only where the whole heap fits under `resident_limit` (the trimmer would trim it again).
+// Heap that glibc takes later it advises itself.
+void AdviseHeapHugePages(bool huge, size_t resident_limit) {
+  auto heap = HeapMappings();
+  if (heap.empty()) return;
+  const uintptr_t start = heap.front().first, end = heap.back().second;
   if (::madvise(reinterpret_cast<void*>(start), end - start,
                 huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE) != 0) {
     spdlog::debug("madvise of the heap ({} huge pages): {}", huge ? "with" : "without",
                   std::strerror(errno));
   }
+  size_t mapped = 0;
+  for (auto [lo, hi] : heap) mapped += hi - lo;
+  if (!huge || mapped > resident_limit) return;
+  constexpr uintptr_t kHuge = 2 << 20;
+  size_t collapsed = 0, refused = 0;
+  for (auto [lo, hi] : heap) {
+    // Range by range: one that crosses a mapping's edge, or holds a page the kernel cannot
+    // move, is refused alone.
+    for (uintptr_t a = (lo + kHuge - 1) & ~(kHuge - 1); a + kHuge <= hi; a += kHuge) {
+      if (::madvise(reinterpret_cast<void*>(a), kHuge, MADV_COLLAPSE) == 0) {
+        collapsed += kHuge;
+      } else {
+        refused += kHuge;
+      }
+    }
+  }
+  spdlog::debug("heap woken: {} MiB collapsed into huge pages, {} MiB not", collapsed >> 20,
+                refused >> 20);
 }
 
 }  // namespace
@@ -117,11 +149,11 @@ void RunHeapTrimmer(std::stop_token stop, size_t resident_limit) {
         malloc_trim(0);
         break;
       case HeapTrimPolicy::Action::kTrimAndRest:
-        AdviseHeapHugePages(false);
+        AdviseHeapHugePages(false, resident_limit);
         malloc_trim(0);
         break;
       case HeapTrimPolicy::Action::kWake:
-        AdviseHeapHugePages(true);
+        AdviseHeapHugePages(true, resident_limit);
         break;
     }
   }

@@ -7,7 +7,7 @@
   (AnonHugePages in /proc/PID/smaps_rollup). The process keeps its name (comm: ps, pgrep).
 - Once the daemon went quiet and trimmed its heap, the heap is advised against huge pages
   (VmFlags "nh": khugepaged would fill the trimmed holes again); reads through the daemon advise
-  them again ("hg").
+  them again ("hg") and collapse the heap into huge pages (>= 90% of its resident bytes).
 - A GLIBC_TUNABLES that already names glibc.malloc.hugetlb is the user's choice and is kept:
   with glibc.malloc.hugetlb=0 the daemon runs with exactly that
   value and, where THP is madvise, without huge pages.
@@ -41,18 +41,32 @@ def payload(size):
                     for i in range(0, size, 64 * MiB))
 
 
-def heap_vm_flags(pid):
-    """The VmFlags of each [heap] mapping of the process (smaps): "hg" huge pages advised,
-    "nh" advised against."""
-    flags, in_heap = [], False
+def heap_mappings(pid):
+    """One dict per [heap] mapping of the process (smaps): its VmFlags ("hg": huge pages
+    advised, "nh": advised against) and its AnonHugePages and Rss in bytes."""
+    out = []
     with open(f"/proc/{pid}/smaps") as f:
         for line in f:
             head = line.split()
             if head and "-" in head[0] and ":" not in head[0]:
-                in_heap = line.rstrip().endswith("[heap]")
-            elif in_heap and line.startswith("VmFlags:"):
-                flags.append(set(line.split()[1:]))
-    return flags
+                out.append(dict(flags=set(), huge=0, rss=0, heap=line.rstrip().endswith("[heap]")))
+            elif line.startswith("VmFlags:"):
+                out[-1]["flags"] = set(head[1:])
+            elif line.startswith("AnonHugePages:"):
+                out[-1]["huge"] = int(head[1]) * 1024
+            elif line.startswith("Rss:"):
+                out[-1]["rss"] = int(head[1]) * 1024
+    return [m for m in out if m["heap"]]
+
+
+def heap_vm_flags(pid):
+    return [m["flags"] for m in heap_mappings(pid)]
+
+
+def heap_huge_and_resident(pid):
+    """Bytes of the heap in huge pages (AnonHugePages) and resident (Rss)."""
+    heap = heap_mappings(pid)
+    return sum(m["huge"] for m in heap), sum(m["rss"] for m in heap)
 
 
 def anon_huge_bytes(pid):
@@ -105,7 +119,7 @@ class DaemonHeapTest(mounted.MountedTestCase):
         self.save_and_read(m, 256 * MiB)
         # The trimmer trims once the daemon used < 5% of a core over 10 s.
         self.assertTrue(mounted.wait_until(
-            lambda: any("nh" in f for f in heap_vm_flags(m.pid)), 30),
+            lambda: any("nh" in f for f in heap_vm_flags(m.pid)), 60),
             "the heap was not advised against huge pages after the daemon went quiet: %s"
             % heap_vm_flags(m.pid))
         self.assertFalse(any("hg" in f for f in heap_vm_flags(m.pid)))
@@ -120,6 +134,16 @@ class DaemonHeapTest(mounted.MountedTestCase):
 
         self.assertTrue(mounted.wait_until(read_through_the_daemon, 20, interval=0.2),
                         "reads did not wake the heap: %s" % heap_vm_flags(m.pid))
+        # Waking collapsed the heap into huge pages: the trim had split the ones beside live
+        # buffers, and those ranges would fault 4 KiB at a time.
+        # (The trimmer collapses right after it advised them: wait for it.)
+        if thp_mode() in ("madvise", "always"):
+            def collapsed():
+                huge, resident = heap_huge_and_resident(m.pid)
+                return huge >= resident * 0.9
+            self.assertTrue(mounted.wait_until(collapsed, 10),
+                            "heap after waking: %d of %d bytes in huge pages"
+                            % heap_huge_and_resident(m.pid))
 
     def test_a_users_choice_is_kept(self):
         chosen = "glibc.malloc.hugetlb=0"
