@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -16,20 +17,33 @@ namespace {
 constexpr std::string_view kTunable = "glibc.malloc.hugetlb";
 }  // namespace
 
+namespace {
+
+// The value `tunables` (GLIBC_TUNABLES: name=value:name=value...) gives `name`, if any.
+std::optional<std::string_view> TunableValue(std::string_view tunables, std::string_view name) {
+  while (!tunables.empty()) {
+    std::string_view item = tunables.substr(0, tunables.find(':'));
+    tunables.remove_prefix(std::min(tunables.size(), item.size() + 1));
+    const size_t eq = item.find('=');
+    if (item.substr(0, eq) == name) {
+      return eq == std::string_view::npos ? std::string_view() : item.substr(eq + 1);
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 std::optional<std::string> TunablesWithHugePageHeap(const char* current) {
   std::string value = current ? current : "";
-  // GLIBC_TUNABLES is a colon-separated list of name=value.
-  size_t start = 0;
-  while (start <= value.size()) {
-    size_t end = value.find(':', start);
-    if (end == std::string::npos) end = value.size();
-    std::string_view item(value.data() + start, end - start);
-    if (item.substr(0, item.find('=')) == kTunable) return std::nullopt;
-    start = end + 1;
-  }
+  if (TunableValue(value, kTunable)) return std::nullopt;
   if (!value.empty()) value += ':';
   value += std::string(kTunable) + "=1";
   return value;
+}
+
+bool HugePageHeapRequested(const char* tunables) {
+  return tunables != nullptr && TunableValue(tunables, kTunable) == "1";
 }
 
 bool IsMountCommand(int argc, char** argv) {
@@ -67,9 +81,9 @@ void ReexecWithHugePageHeap(char** argv) {
     ::unsetenv("GLIBC_TUNABLES");
   }
   spdlog::warn(
-      "cannot run again with huge pages for the heap (execv /proc/self/exe: {}); the "
-      "daemon uses 4 KiB pages, which costs more CPU per GB",
-      std::strerror(err));
+      "cannot run {} again with huge pages for the heap ({}); the daemon uses 4 KiB pages, "
+      "which costs more CPU per GB",
+      self.string(), std::strerror(err));
 }
 
 void ConfigureDaemonHeap() {

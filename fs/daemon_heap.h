@@ -11,7 +11,7 @@
 //     GLIBC_TUNABLES=glibc.malloc.hugetlb=1, and only then: no mallopt sets it. The heap the
 //     daemon first touches (its cache filling, a save's buffers) then faults in 2 MiB at a time
 //     instead of 4 KiB: on this project's VM a cold read of 1.08 GiB went from ~28 000 faults
-//     and 1.05-1.22 daemon CPU-s/GB to ~200 and 0.62-0.82 (docs/fs.md, "Huge pages").
+//     and 1.05-1.22 daemon CPU-s/GB to ~200 and 0.62-0.82 (docs/fs.md, "Huge pages for the heap").
 //     Where THP is off ("never") the madvise does nothing; where it is "always" it changes
 //     nothing.
 //
@@ -33,6 +33,10 @@ namespace ckptfs {
 // The GLIBC_TUNABLES value that adds glibc.malloc.hugetlb=1 to `current` (nullptr or empty:
 // unset); nullopt when `current` already sets glibc.malloc.hugetlb (nothing to change).
 std::optional<std::string> TunablesWithHugePageHeap(const char* current);
+
+// True when `tunables` (GLIBC_TUNABLES, nullptr: unset) asks glibc for a heap in transparent
+// huge pages (glibc.malloc.hugetlb=1): what the heap trimmer needs to know to let it rest.
+bool HugePageHeapRequested(const char* tunables);
 
 // True when argv runs the `mount` command (the first argument that is not an option).
 bool IsMountCommand(int argc, char** argv);

@@ -24,6 +24,17 @@ TEST(DaemonHeapTest, AChoiceTheUserMadeIsKept) {
   EXPECT_EQ(TunablesWithHugePageHeap("glibc.malloc.hugetlb=2:glibc.malloc.check=3"), std::nullopt);
 }
 
+TEST(DaemonHeapTest, TheTrimmerKnowsWhetherTheHeapAskedForHugePages) {
+  EXPECT_TRUE(HugePageHeapRequested("glibc.malloc.hugetlb=1"));
+  EXPECT_TRUE(HugePageHeapRequested("glibc.malloc.check=3:glibc.malloc.hugetlb=1"));
+  EXPECT_FALSE(HugePageHeapRequested(nullptr));
+  EXPECT_FALSE(HugePageHeapRequested(""));
+  EXPECT_FALSE(HugePageHeapRequested("glibc.malloc.hugetlb=0"));
+  EXPECT_FALSE(HugePageHeapRequested("glibc.malloc.hugetlb=2"));  // hugetlbfs pages: no THP
+  EXPECT_FALSE(HugePageHeapRequested("glibc.malloc.hugetlbx=1"));
+  EXPECT_FALSE(HugePageHeapRequested("glibc.malloc.hugetlb"));
+}
+
 TEST(DaemonHeapTest, OnlyTheMountCommandReexecutes) {
   auto is_mount = [](std::vector<std::string> args) {
     std::vector<char*> argv;

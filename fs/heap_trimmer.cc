@@ -25,7 +25,7 @@ HeapTrimPolicy::Action HeapTrimPolicy::Decide(const Sample& s,
   if (resting_ && window_.size() >= 2) {
     const Sample& last = window_[window_.size() - 2];
     const double tick = std::chrono::duration<double>(s.now - last.now).count();
-    const double used = std::chrono::duration<double>(s.process_cpu - last.process_cpu).count();
+    const double used = std::chrono::duration<double>(s.work_cpu - last.work_cpu).count();
     if (used > kIdleCpuShare * tick) {
       // A new quiet period starts from here: it trims and rests again.
       resting_ = false;
@@ -35,7 +35,7 @@ HeapTrimPolicy::Action HeapTrimPolicy::Decide(const Sample& s,
   }
   const Sample& oldest = window_.front();
   const double span = std::chrono::duration<double>(s.now - oldest.now).count();
-  const double cpu = std::chrono::duration<double>(s.process_cpu - oldest.process_cpu).count();
+  const double cpu = std::chrono::duration<double>(s.work_cpu - oldest.work_cpu).count();
   const bool idle =
       span >= std::chrono::duration<double>(kIdleWindow).count() && cpu < kIdleCpuShare * span;
   if (!idle) trimmed_while_idle_ = false;
@@ -46,6 +46,7 @@ HeapTrimPolicy::Action HeapTrimPolicy::Decide(const Sample& s,
   if (free_heap() <= kMinFreeBytes) return Action::kNone;
   if (over_limit) return Action::kTrim;
   trimmed_while_idle_ = true;
+  if (!huge_pages_) return Action::kTrim;
   resting_ = true;
   return Action::kTrimAndRest;
 }
@@ -111,7 +112,7 @@ void AdviseHeapHugePages(bool huge, size_t resident_limit) {
   size_t mapped = 0;
   for (auto [lo, hi] : heap) mapped += hi - lo;
   if (!huge || mapped > resident_limit) return;
-  constexpr uintptr_t kHuge = 2 << 20;
+  constexpr uintptr_t kHuge = 2 << 20;  // x86-64's PMD size (elsewhere: refused, harmless)
   size_t collapsed = 0, refused = 0;
   for (auto [lo, hi] : heap) {
     // Range by range: one that crosses a mapping's edge, or holds a page the kernel cannot
@@ -130,8 +131,8 @@ void AdviseHeapHugePages(bool huge, size_t resident_limit) {
 
 }  // namespace
 
-void RunHeapTrimmer(std::stop_token stop, size_t resident_limit) {
-  HeapTrimPolicy policy(resident_limit);
+void RunHeapTrimmer(std::stop_token stop, size_t resident_limit, bool huge_pages) {
+  HeapTrimPolicy policy(resident_limit, huge_pages);
   std::mutex mu;
   std::condition_variable_any cv;
   std::unique_lock lock(mu);

@@ -1,7 +1,7 @@
 // fs/heap_trimmer.h
 //
 // When the daemon hands freed heap memory back to the kernel. The daemon runs glibc malloc with
-// one arena and no mmap below 32 MiB (fs/mount.cc), so a freed chunk buffer stays in the heap
+// one arena and no mmap below 32 MiB (fs/daemon_heap.h), so a freed chunk buffer stays in the heap
 // for the next one; only malloc_trim returns the holes. Trimming costs twice: the madvise (TLB
 // shootdowns on every core) and, worse, the page faults (and zeroing) when the next buffer
 // touches those pages again. So the heap is trimmed when the daemon went quiet, not while it
@@ -17,26 +17,26 @@
 // While busy, the heap holds at most what was live at the busy period's peak, which the cache
 // and in-flight budget bound (plus fragmentation, which the limit catches).
 //
-// The heap is in transparent huge pages (fs/daemon_heap.h). After a trim because the daemon went
-// quiet, the heap *rests*: it is marked MADV_NOHUGEPAGE, because khugepaged would otherwise
-// collapse every 2 MiB range that still holds one live page, filling the trimmed holes again
-// (measured: an idle daemon's RSS crept from 263 to 399 MiB in four minutes, towards the whole
-// heap). The first tick on which the process used more than kIdleCpuShare of a core again
-// wakes it (MADV_HUGEPAGE); while resting the ticks are kRestingTick apart, so that a save or
-// a read that starts touches 4 KiB pages for at most that long. Waking also collapses the heap
-// into huge pages (MADV_COLLAPSE, where the whole heap fits under the resident limit): the
-// trim split every huge page beside a live buffer, and the next save faulted those ranges in
-// 4 KiB at a time (42-51 k faults, ~1 CPU-s per 1.16 GB save on this project's VM).
+// Where the heap is in transparent huge pages (fs/daemon_heap.h: `huge_pages` below), after a
+// trim because the daemon went quiet, the heap *rests*: it is marked MADV_NOHUGEPAGE, because
+// khugepaged would otherwise collapse every 2 MiB range that still holds one live page, filling the
+// trimmed holes again (measured: an idle daemon's RSS crept from 263 to 399 MiB in four minutes,
+// towards the whole heap). The first tick on which the process used more than kIdleCpuShare of a
+// core again (its other threads) wakes it (MADV_HUGEPAGE); while resting the ticks are kRestingTick
+// apart, so that a save or a read that starts touches 4 KiB pages for at most that long. Waking
+// also collapses the heap into huge pages (MADV_COLLAPSE, where the whole heap fits under the
+// resident limit): the trim split every huge page beside a live buffer, and the next save faulted
+// those ranges in 4 KiB at a time (42-51 k faults, ~1 CPU-s per 1.16 GB save on this project's VM).
 //
-//   HeapTrimPolicy policy(cache + inflight + (32 << 20));
+//   HeapTrimPolicy policy(cache + inflight + (32 << 20), /*huge_pages=*/true);
 //   every tick: switch (policy.Decide(Sample{...}, free_heap)) {
 //     case kTrim: malloc_trim(0); break;
-//     case kTrimAndRest: malloc_trim(0); heap NOHUGEPAGE; break;
-//     case kWake: heap HUGEPAGE; break;
+//     case kTrimAndRest: heap NOHUGEPAGE; malloc_trim(0); break;
+//     case kWake: heap HUGEPAGE; collapse it; break;
 //   }
 //
 // RunHeapTrimmer is that loop on the calling thread, with mallinfo2, /proc/self/statm, the
-// process CPU clock and madvise over the [heap] mapping, until `stop` is requested.
+// CPU clocks and madvise over the [heap] mappings, until `stop` is requested.
 #pragma once
 
 #include <chrono>
@@ -57,12 +57,14 @@ class HeapTrimPolicy {
 
   struct Sample {
     std::chrono::steady_clock::time_point now;
-    std::chrono::nanoseconds process_cpu;  // CPU time so far of the process's other threads
-    size_t anon_resident_bytes;            // anonymous resident memory (statm resident - shared)
+    std::chrono::nanoseconds work_cpu;  // CPU time so far of the process's other threads
+    size_t anon_resident_bytes;         // anonymous resident memory (statm resident - shared)
   };
 
-  // `resident_limit`: above it, a busy daemon trims too.
-  explicit HeapTrimPolicy(size_t resident_limit) : resident_limit_(resident_limit) {}
+  // `resident_limit`: above it, a busy daemon trims too. `huge_pages`: the heap is in
+  // transparent huge pages and rests after a quiet trim (without, a quiet trim is kTrim).
+  HeapTrimPolicy(size_t resident_limit, bool huge_pages)
+      : resident_limit_(resident_limit), huge_pages_(huge_pages) {}
 
   enum class Action {
     kNone,
@@ -79,6 +81,7 @@ class HeapTrimPolicy {
 
  private:
   size_t resident_limit_;
+  bool huge_pages_;
   std::deque<Sample> window_;  // samples of the last kIdleWindow (and the one before it)
   bool trimmed_while_idle_ = false;
   bool resting_ = false;
@@ -86,6 +89,6 @@ class HeapTrimPolicy {
 
 // Samples every HeapTrimPolicy::kTick (kRestingTick while the heap rests) and does what the
 // policy says, until `stop` is requested.
-void RunHeapTrimmer(std::stop_token stop, size_t resident_limit);
+void RunHeapTrimmer(std::stop_token stop, size_t resident_limit, bool huge_pages);
 
 }  // namespace ckptfs

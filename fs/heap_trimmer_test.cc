@@ -14,7 +14,7 @@ constexpr size_t kMiB = 1 << 20;
 // `busy` of that tick.
 class Ticks {
  public:
-  explicit Ticks(size_t limit) : policy_(limit) {}
+  explicit Ticks(size_t limit, bool huge_pages = true) : policy_(limit, huge_pages) {}
   HeapTrimPolicy::Action Next(double busy, size_t free_heap, size_t anon = 100 * kMiB) {
     now_ += HeapTrimPolicy::kTick;
     cpu_ += std::chrono::duration_cast<std::chrono::nanoseconds>(HeapTrimPolicy::kTick * busy);
@@ -110,6 +110,13 @@ TEST(HeapTrimPolicy, TheFreeHeapIsMeasuredOnlyWhereATrimIsPossible) {
   EXPECT_EQ(t.free_heap_asked(), 1);  // over the limit
   t.TickIdleFor(3 * HeapTrimPolicy::kIdleWindow, 200 * kMiB);
   EXPECT_EQ(t.free_heap_asked(), 2);  // the quiet trim, once; resting ticks ask nothing
+}
+
+TEST(HeapTrimPolicy, AHeapWithoutHugePagesNeverRests) {
+  Ticks t(512 * kMiB, /*huge_pages=*/false);
+  EXPECT_EQ(t.TickIdleFor(2 * HeapTrimPolicy::kIdleWindow, 200 * kMiB), 1);  // trimmed, once
+  EXPECT_FALSE(t.policy().resting());
+  EXPECT_EQ(t.Next(0.5, 200 * kMiB), HeapTrimPolicy::Action::kNone);  // nothing to wake
 }
 
 TEST(HeapTrimPolicy, ATrimOverTheResidentLimitDoesNotRest) {

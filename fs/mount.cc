@@ -382,9 +382,10 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
   // fs/heap_trimmer.h trims once the daemon goes quiet, or when the holes would take it past
   // the budget (cache + in-flight + 32 MiB).
   std::jthread trimmer(
-      [limit = args.cache_bytes + args.inflight_bytes + (32 << 20)](std::stop_token stop) {
+      [limit = args.cache_bytes + args.inflight_bytes + (32 << 20),
+       huge_pages = HugePageHeapRequested(std::getenv("GLIBC_TUNABLES"))](std::stop_token stop) {
         SetThreadRole("trim");
-        RunHeapTrimmer(stop, limit);
+        RunHeapTrimmer(stop, limit, huge_pages);
       });
   fuse_loop_config* cfg = fuse_loop_cfg_create();
   fuse_loop_cfg_set_max_threads(cfg, 16);

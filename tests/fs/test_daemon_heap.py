@@ -4,7 +4,7 @@
 - `ckptfs mount` runs again with GLIBC_TUNABLES=glibc.malloc.hugetlb=1, so the daemon starts
   with it (its /proc/PID/environ) and, where the kernel's THP mode lets a process ask for huge
   pages (madvise or always), a save and a read through the mount leave its heap in huge pages
-  (AnonHugePages in /proc/PID/smaps_rollup). The process keeps its name (comm: ps, pgrep).
+  (AnonHugePages of its [heap] mappings). The process keeps its name (comm: ps, pgrep).
 - Once the daemon went quiet and trimmed its heap, the heap is advised against huge pages
   (VmFlags "nh": khugepaged would fill the trimmed holes again); reads through the daemon advise
   them again ("hg") and collapse the heap into huge pages (>= 90% of its resident bytes).
@@ -12,8 +12,11 @@
   with glibc.malloc.hugetlb=0 the daemon runs with exactly that
   value and, where THP is madvise, without huge pages.
 """
+import io
 import os
 import sys
+
+import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mounted  # noqa: E402
@@ -69,18 +72,22 @@ def heap_huge_and_resident(pid):
     return sum(m["huge"] for m in heap), sum(m["rss"] for m in heap)
 
 
-def anon_huge_bytes(pid):
-    with open(f"/proc/{pid}/smaps_rollup") as f:
-        for line in f:
-            if line.startswith("AnonHugePages:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
 class DaemonHeapTest(mounted.MountedTestCase):
 
     def setUp(self):
         pass  # each test mounts with its own environment
+
+    def mount_with_tunables(self, name, tunables):
+        """A mount whose `ckptfs mount` runs with GLIBC_TUNABLES=tunables (None: unset)."""
+        before = os.environ.pop("GLIBC_TUNABLES", None)
+        if tunables is not None:
+            os.environ["GLIBC_TUNABLES"] = tunables
+        try:
+            return self.new_mount(name=name)
+        finally:
+            os.environ.pop("GLIBC_TUNABLES", None)
+            if before is not None:
+                os.environ["GLIBC_TUNABLES"] = before
 
     def save_and_read(self, m, size=64 * MiB):
         path = os.path.join(m.mnt, "v1")
@@ -91,40 +98,37 @@ class DaemonHeapTest(mounted.MountedTestCase):
         self.assertEqual(mounted.read_file(os.path.join(path, "model.pt")), data)
 
     def test_the_daemon_asks_for_huge_pages(self):
-        before = os.environ.pop("GLIBC_TUNABLES", None)
-        try:
-            m = self.new_mount(name="huge")
-        finally:
-            if before is not None:
-                os.environ["GLIBC_TUNABLES"] = before
+        m = self.mount_with_tunables("huge", None)
         self.assertEqual(daemon_tunables(m.pid), "glibc.malloc.hugetlb=1")
         # Run again from its own path, not /proc/self/exe: ps and pgrep still say ckptfs.
         with open(f"/proc/{m.pid}/comm") as f:
             self.assertEqual(f.read().strip(), os.path.basename(mounted.CKPTFS)[:15])
         self.save_and_read(m)
         if thp_mode() in ("madvise", "always"):
-            self.assertGreater(anon_huge_bytes(m.pid), 0,
+            self.assertGreater(heap_huge_and_resident(m.pid)[0], 0,
                                "no huge page in the daemon's heap after a 64 MiB save and read")
 
     def test_the_heap_rests_once_the_daemon_is_quiet(self):
         """After the trim of a quiet daemon, its heap is advised against huge pages (khugepaged
         would fill the trimmed holes again); the next read advises them again."""
-        before = os.environ.pop("GLIBC_TUNABLES", None)
-        try:
-            m = self.new_mount(name="rest")
-        finally:
-            if before is not None:
-                os.environ["GLIBC_TUNABLES"] = before
-        # Enough to leave more than the trimmer's 32 MiB minimum free in the heap afterwards.
-        self.save_and_read(m, 256 * MiB)
+        m = self.mount_with_tunables("rest", None)
+        # More than the trimmer's 32 MiB minimum must lie free in the heap once the save is
+        # committed: a torch checkpoint of 256 MiB of tensors, which the daemon encodes (random
+        # bytes, stored as they are, left 40-60 MiB of heap in all, and a quiet trim came or not
+        # with the timing).
+        os.mkdir(os.path.join(m.mnt, "v1"))
+        path = os.path.join(m.mnt, "v1", "model.pt")
+        torch.manual_seed(0)
+        torch.save({f"w{i}": torch.randn(4 << 20) * 0.02 for i in range(16)}, path)
+        mounted.ckptfs("sync", m.mnt)
+        expected = mounted.read_file(path)
+        self.assertEqual(torch.load(io.BytesIO(expected))["w3"].numel(), 4 << 20)
         # The trimmer trims once the daemon used < 5% of a core over 10 s.
         self.assertTrue(mounted.wait_until(
             lambda: any("nh" in f for f in heap_vm_flags(m.pid)), 60),
             "the heap was not advised against huge pages after the daemon went quiet: %s"
             % heap_vm_flags(m.pid))
         self.assertFalse(any("hg" in f for f in heap_vm_flags(m.pid)))
-        path = os.path.join(m.mnt, "v1", "model.pt")
-        expected = payload(256 * MiB)
 
         def read_through_the_daemon():
             with open(path, "rb") as f:
@@ -147,19 +151,11 @@ class DaemonHeapTest(mounted.MountedTestCase):
 
     def test_a_users_choice_is_kept(self):
         chosen = "glibc.malloc.hugetlb=0"
-        before = os.environ.get("GLIBC_TUNABLES")
-        os.environ["GLIBC_TUNABLES"] = chosen
-        try:
-            m = self.new_mount(name="chosen")
-        finally:
-            if before is None:
-                del os.environ["GLIBC_TUNABLES"]
-            else:
-                os.environ["GLIBC_TUNABLES"] = before
+        m = self.mount_with_tunables("chosen", chosen)
         self.assertEqual(daemon_tunables(m.pid), chosen)
         self.save_and_read(m)
         if thp_mode() == "madvise":
-            self.assertEqual(anon_huge_bytes(m.pid), 0)
+            self.assertEqual(heap_huge_and_resident(m.pid)[0], 0)
 
 
 if __name__ == "__main__":
