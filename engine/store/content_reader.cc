@@ -24,7 +24,7 @@ std::pair<uint64_t, uint64_t> ReadaheadWindow::Advance(uint64_t offset, uint64_t
 // Chunks partly returned stay cached (streamed entries, left to the LRU): a reader that opens
 // the file again, or another one, may want the rest.
 ContentReader::~ContentReader() {
-  consumed_->store(UINT64_MAX, std::memory_order_relaxed);  // queued prefetch is moot now
+  progress_->Close();  // queued prefetch is moot now
 }
 
 Result<size_t> ContentReader::Read(uint64_t offset, MutableBytes out) {
@@ -45,10 +45,10 @@ Result<size_t> ContentReader::ReadSlices(uint64_t offset, size_t length,
   constexpr auto kStream = ChunkReader::CacheMode::kStream;
   // Queued before this read loads its own chunks, so that the workers decode ahead while it
   // does.
-  if (len > 0) store_->Prefetch(id_, from, len, priority_, kStream, consumed_);
+  if (len > 0) store_->Prefetch(id_, from, len, priority_, kStream, progress_);
   const size_t first = out->size();
   CKPTFS_ASSIGN_OR_RETURN(size_t n, store_->ReadSlices(id_, offset, length, out, kStream));
-  std::vector<ChunkId> drop;
+  std::vector<std::pair<ChunkId, uint64_t>> drop;  // with their ends
   {
     MutexLock lock(mu_);
     for (size_t i = first; i < out->size(); ++i) {
@@ -56,7 +56,7 @@ Result<size_t> ContentReader::ReadSlices(uint64_t offset, size_t length,
       auto [it, added] = returned_.try_emplace(slice.id, 0);
       it->second += slice.length;
       if (it->second >= slice.chunk->size()) {  // returned whole (or parts of it twice)
-        drop.push_back(slice.id);
+        drop.emplace_back(slice.id, slice.content_end);
         returned_.erase(it);
       } else if (added) {
         partial_order_.push_back(slice.id);
@@ -74,9 +74,12 @@ Result<size_t> ContentReader::ReadSlices(uint64_t offset, size_t length,
       furthest_ = offset + n;
     }
     const uint64_t behind = furthest_ > kStreamSlack ? furthest_ - kStreamSlack : 0;
-    consumed_->store(behind, std::memory_order_relaxed);
+    progress_->Passed(behind);
   }
-  for (const ChunkId& chunk : drop) store_->DropStreamed(chunk);
+  for (const auto& [chunk, end] : drop) {
+    progress_->Finished(chunk, end);
+    store_->DropStreamed(chunk);
+  }
   return n;
 }
 

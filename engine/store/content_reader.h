@@ -15,14 +15,14 @@
 // partly read and the prefetch window, never evicts the cache by more and never fills it;
 // a chunk read in parts by random reads stays until its last part is read (or the LRU evicts
 // it). Another reader's ordinary lookup makes an entry ordinary, which dropping leaves alone.
-// Prefetch that a worker reaches only after the reader has passed it is skipped. With
+// Prefetch that a worker reaches only after the reader has passed the chunk, or returned it
+// whole, is skipped (read_progress.h). With
 // WorkerPool::Priority::kLow the prefetch waits behind writes and every other prefetch (the
 // FUSE layer gives optimizer-state files that priority, so parameters load first on restore).
 // ReadaheadWindow is the sequential-access detector alone, for readers of other byte streams
 // (the views). Thread-safe. REQUIRES: the store outlives the reader.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -30,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/store/read_progress.h"
 #include "engine/store/store.h"
 #include "engine/util/mutex.h"
 
@@ -80,9 +81,8 @@ class ContentReader {
   std::unordered_map<ChunkId, uint64_t> returned_ GUARDED_BY(mu_);
   std::deque<ChunkId> partial_order_ GUARDED_BY(mu_);
   uint64_t furthest_ GUARDED_BY(mu_) = 0;  // of the current sequential run
-  // Chunks ending at or before this are behind the reader: prefetch skips them.
-  const std::shared_ptr<std::atomic<uint64_t>> consumed_ =
-      std::make_shared<std::atomic<uint64_t>>(0);
+  // What the reader is past or has returned whole: the prefetch it queued skips those.
+  const std::shared_ptr<ReadProgress> progress_ = std::make_shared<ReadProgress>();
 };
 
 }  // namespace ckptfs

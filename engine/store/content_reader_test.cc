@@ -1,6 +1,7 @@
 // Unit tests of ContentReader (content_reader.h), without FUSE: a pass in any order does not
 // keep the chunks it read whole, chunks read in parts stay cached until their last part, the
-// bytes are right either way, and prefetch runs ahead of a sequential reader.
+// bytes are right either way, prefetch runs ahead of a sequential reader and skips what the
+// reader is done with.
 #include "engine/store/content_reader.h"
 
 #include <gtest/gtest.h>
@@ -161,6 +162,38 @@ TEST_F(ContentReaderTest, PrefetchRunsAhead) {
   const uint64_t read_loads = store_->read_loads();
   ReadAt(reader, {4096, 1 << 20, 2 << 20}, 4096, true);
   EXPECT_EQ(store_->read_loads(), read_loads);
+}
+
+TEST_F(ContentReaderTest, PrefetchSkipsWhatItsReaderIsDoneWith) {
+  // A worker that reaches a queued load only after the reader has returned the chunk whole (a
+  // busy machine: the reader loaded it itself) must not decode it again. One worker, so the
+  // pool runs the queue in order.
+  store_.reset();
+  StoreOptions options;
+  options.cache_bytes = 64 << 20;
+  options.worker_threads = 1;
+  auto s = Store::Open(dir_, options);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  store_ = std::move(*s);
+  std::vector<ChunkSlice> slices;
+  ASSERT_TRUE(store_->ReadSlices(id_, 0, 8 << 20, &slices, ChunkReader::CacheMode::kStream).ok());
+  ASSERT_GE(slices.size(), 3u);
+  const ChunkSlice sentinel = slices.back();  // one chunk the reader has not finished
+  slices.pop_back();
+  auto progress = std::make_shared<ReadProgress>();
+  for (const ChunkSlice& slice : slices) progress->Finished(slice.id, slice.content_end);
+  for (const ChunkSlice& slice : slices) store_->DropStreamed(slice.id);
+  store_->DropStreamed(sentinel.id);
+  const uint64_t before = store_->pack_reads();
+  store_->Prefetch(id_, 0, slices.back().content_end, WorkerPool::Priority::kNormal,
+                   ChunkReader::CacheMode::kStream, progress);
+  // Queued behind them: when the sentinel is in, the queue before it has run.
+  store_->Prefetch(id_, slices.back().content_end, 1);
+  for (int i = 0; i < 1000 && !store_->Cached(sentinel.id); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(store_->Cached(sentinel.id));
+  EXPECT_EQ(store_->pack_reads(), before + 1) << "the reader's finished chunks were loaded again";
 }
 
 }  // namespace

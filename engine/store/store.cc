@@ -588,7 +588,7 @@ Result<size_t> Store::ReadSlices(ContentId id, uint64_t offset, size_t length,
 
 void Store::Prefetch(ContentId id, uint64_t offset, uint64_t length, WorkerPool::Priority priority,
                      ChunkReader::CacheMode mode,
-                     std::shared_ptr<const std::atomic<uint64_t>> consumed) const {
+                     std::shared_ptr<const ReadProgress> progress) const {
   const bool streamed = mode == ChunkReader::CacheMode::kStream;
   std::vector<std::tuple<ChunkId, ChunkRow, uint64_t>> todo;  // with the chunk's end
   {
@@ -618,8 +618,8 @@ void Store::Prefetch(ContentId id, uint64_t offset, uint64_t length, WorkerPool:
   for (const auto& [chunk, row, end] : todo) {
     pool_->Submit(
         // Init-captures: clang 14 cannot capture structured bindings directly.
-        [this, chunk = chunk, row = row, end = end, mode, consumed] {
-          if (consumed && end <= consumed->load(std::memory_order_relaxed)) return;
+        [this, chunk = chunk, row = row, end = end, mode, progress] {
+          if (progress && !progress->Wants(chunk, end)) return;
           std::shared_lock gc(gc_mu_);  // the row's location is valid while gc cannot move it
           (void)reader_->Load(chunk, row, mode);  // errors surface when the data is really read
         },

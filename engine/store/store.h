@@ -50,6 +50,7 @@
 #include "engine/store/chunk_cache.h"
 #include "engine/store/chunk_reader.h"
 #include "engine/store/pack_writer.h"
+#include "engine/store/read_progress.h"
 #include "engine/util/file.h"
 #include "engine/util/mutex.h"
 #include "engine/util/progress.h"
@@ -219,12 +220,12 @@ class Store {
                             ChunkReader::CacheMode mode = ChunkReader::CacheMode::kKeep) const;
   // Loads the chunks of [offset, offset + length) into the cache in the background. kLow
   // prefetch runs only when no write and no other prefetch waits for the worker pool. A chunk
-  // that ends at or before *consumed (when given) by the time a worker gets to it is skipped:
-  // its reader is past it.
+  // that `progress` (when given) no longer Wants by the time a worker gets to it is skipped:
+  // its reader is past it or done with it (read_progress.h).
   void Prefetch(ContentId id, uint64_t offset, uint64_t length,
                 WorkerPool::Priority priority = WorkerPool::Priority::kNormal,
                 ChunkReader::CacheMode mode = ChunkReader::CacheMode::kKeep,
-                std::shared_ptr<const std::atomic<uint64_t>> consumed = nullptr) const;
+                std::shared_ptr<const ReadProgress> progress = nullptr) const;
   // Drops a chunk a sequential reader has read past, unless it is an ordinary cache entry.
   void DropStreamed(const ChunkId& id) const { cache_.DropStreamed(id); }
   // Drops a content and its chunk references; unreferenced chunks go at the next Gc().
@@ -296,6 +297,8 @@ class Store {
   // Decoded bytes the chunk cache holds now.
   uint64_t cache_bytes() const { return cache_.size_bytes(); }
   uint64_t cache_misses() const { return cache_.misses(); }
+  // Whether the chunk cache holds the chunk now.
+  bool Cached(const ChunkId& id) const { return cache_.Contains(id); }
   uint64_t prefetch_loads() const { return prefetch_loads_.load(std::memory_order_relaxed); }
   // The chunks a read decoded itself, found neither cached nor being prefetched: each one a
   // read that waited for the pack because prefetch had not kept ahead of it.
