@@ -50,7 +50,7 @@ check_logs() {  # NAME: fails when a sanitizer wrote a report
 
 status=0
 if [ "$what" = threads ] || [ "$what" = all ]; then
-  scripts/thread_safety.sh "$jobs" || status=1
+  scripts/thread_safety.sh --all "$jobs" || status=1
 fi
 if [ "$what" = asan ] || [ "$what" = all ]; then
   build build-asan "-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" \
