@@ -431,7 +431,8 @@ Status BucketMirror::PublishNow() {
     fs::remove_all(image_dir, ec);
     return Status::OK();
   }
-  CKPTFS_RETURN_IF_ERROR(s3_->Put(loc_.bucket, ObjectKey(loc_, image_sha), AsBytes(bytes)));
+  CKPTFS_RETURN_IF_ERROR(
+      s3_->Put(loc_.bucket, ObjectKey(loc_, image_sha), AsBytes(bytes), image_sha));
   fs::remove_all(image_dir, ec);
 
   nlohmann::json packs = nlohmann::json::object();
@@ -638,7 +639,7 @@ Result<std::optional<BucketMirror::Segment>> BucketMirror::UploadSegment(
   bool dedup = there.ok() && there->size == length;
   if (!dedup) {
     if (!there.ok() && !there.status().IsNotFound()) return there.status();
-    CKPTFS_RETURN_IF_ERROR(s3_->Put(loc_.bucket, key, buf.bytes()));
+    CKPTFS_RETURN_IF_ERROR(s3_->Put(loc_.bucket, key, buf.bytes(), sha));
   }
   MutexLock lock(mu_);
   if (dedup) {

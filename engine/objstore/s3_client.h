@@ -70,8 +70,12 @@ class S3Client {
   // Creates `bucket`; OK when it exists already and is ours.
   Status CreateBucket(std::string_view bucket);
 
-  // Stores `data` as `key` (multipart above config.multipart_threshold).
-  Status Put(std::string_view bucket, std::string_view key, Bytes data);
+  // Stores `data` as `key` (multipart above config.multipart_threshold). `sha256`, when the
+  // caller has it already (a content-addressed key), is the hex SHA-256 of `data`: it is not
+  // computed again, and a single-part upload signs it as the payload's hash, so the gateway
+  // refuses the upload if it is not the hash of the bytes that arrived.
+  Status Put(std::string_view bucket, std::string_view key, Bytes data,
+             std::string_view sha256 = {});
   // Stores the file at `path` as `key`, one part in memory at a time.
   Status PutFile(std::string_view bucket, std::string_view key,
                  const std::filesystem::path& path);

@@ -195,6 +195,19 @@ TEST_F(S3ClientTest, ChecksumMismatchIsCorruption) {
   EXPECT_TRUE(client_->Get(bucket_, prefix_ + "k", sha).status().IsCorruption());
 }
 
+// A caller's SHA-256 (a content-addressed key's) is not computed again: it is the payload hash
+// the upload signs, so the gateway refuses bytes that do not match it and stores nothing.
+TEST_F(S3ClientTest, AKnownChecksumIsSignedAndAWrongOneRefused) {
+  const std::string sha = Sha256Hex(AsBytes("bytes"));
+  ASSERT_TRUE(client_->Put(bucket_, prefix_ + "known", AsBytes("bytes"), sha).ok());
+  EXPECT_TRUE(client_->Get(bucket_, prefix_ + "known", sha).ok());
+  Status wrong =
+      client_->Put(bucket_, prefix_ + "wrong", AsBytes("bytes"), Sha256Hex(AsBytes("other bytes")));
+  EXPECT_FALSE(wrong.ok());
+  EXPECT_TRUE(client_->Head(bucket_, prefix_ + "wrong").status().IsNotFound())
+      << "an upload whose bytes do not match its checksum was stored";
+}
+
 TEST_F(S3ClientTest, WrongSecretIsAccessDeniedAndNotLogged) {
   S3Config wrong = cfg_;
   wrong.credentials.secret_access_key = "not-the-secret-0123456789";
