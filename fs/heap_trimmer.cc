@@ -94,6 +94,18 @@ std::vector<std::pair<uintptr_t, uintptr_t>> HeapMappings() {
   return out;
 }
 
+// The kernel's huge page size for anonymous memory (2 MiB on x86-64, 512 MiB on arm64 with
+// 64 KiB pages); 2 MiB where it does not say.
+uintptr_t HugePageBytes() {
+  unsigned long bytes = 0;
+  if (FILE* f = std::fopen("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size", "r")) {
+    if (std::fscanf(f, "%lu", &bytes) != 1) bytes = 0;
+    std::fclose(f);
+  }
+  const bool power_of_two = bytes != 0 && (bytes & (bytes - 1)) == 0;
+  return power_of_two ? bytes : uintptr_t{2} << 20;
+}
+
 // Advises the heap against huge pages (resting) or for them (waking). Waking also collapses
 // the heap into huge pages at once: the quiet trim split every huge page beside a live buffer,
 // and those ranges would otherwise fault 4 KiB at a time (42-51 k faults in the save after a
@@ -112,7 +124,7 @@ void AdviseHeapHugePages(bool huge, size_t resident_limit) {
   size_t mapped = 0;
   for (auto [lo, hi] : heap) mapped += hi - lo;
   if (!huge || mapped > resident_limit) return;
-  constexpr uintptr_t kHuge = 2 << 20;  // x86-64's PMD size (elsewhere: refused, harmless)
+  static const uintptr_t kHuge = HugePageBytes();
   size_t collapsed = 0, refused = 0;
   for (auto [lo, hi] : heap) {
     // Range by range: one that crosses a mapping's edge, or holds a page the kernel cannot
