@@ -41,14 +41,16 @@ HeapTrimPolicy::Action HeapTrimPolicy::Decide(const Sample& s,
   if (!idle) trimmed_while_idle_ = false;
   const bool over_limit = s.anon_resident_bytes > resident_limit_;
   // Once per quiet period: trimmed pages still count as free heap (fordblks).
-  const bool quiet_trim = idle && !trimmed_while_idle_;
-  if (!over_limit && !quiet_trim) return Action::kNone;
-  if (free_heap() <= kMinFreeBytes) return Action::kNone;
-  if (over_limit) return Action::kTrim;
+  const bool quiet = idle && !trimmed_while_idle_;
+  if (!over_limit && !quiet) return Action::kNone;
+  const bool worth_a_trim = free_heap() > kMinFreeBytes;
+  if (!quiet) return worth_a_trim ? Action::kTrim : Action::kNone;
   trimmed_while_idle_ = true;
-  if (!huge_pages_) return Action::kTrim;
+  if (!huge_pages_) return worth_a_trim ? Action::kTrim : Action::kNone;
+  // The heap rests whether or not this trim is worth it: the holes of earlier trims (over the
+  // limit) are what khugepaged would fill.
   resting_ = true;
-  return Action::kTrimAndRest;
+  return worth_a_trim ? Action::kTrimAndRest : Action::kRest;
 }
 
 namespace {
@@ -164,6 +166,9 @@ void RunHeapTrimmer(std::stop_token stop, size_t resident_limit, bool huge_pages
       case HeapTrimPolicy::Action::kTrimAndRest:
         AdviseHeapHugePages(false, resident_limit);
         malloc_trim(0);
+        break;
+      case HeapTrimPolicy::Action::kRest:
+        AdviseHeapHugePages(false, resident_limit);
         break;
       case HeapTrimPolicy::Action::kWake:
         AdviseHeapHugePages(true, resident_limit);

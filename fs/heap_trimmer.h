@@ -17,21 +17,23 @@
 // While busy, the heap holds at most what was live at the busy period's peak, which the cache
 // and in-flight budget bound (plus fragmentation, which the limit catches).
 //
-// Where the heap is in transparent huge pages (fs/daemon_heap.h: `huge_pages` below), after a
-// trim because the daemon went quiet, the heap *rests*: it is marked MADV_NOHUGEPAGE, because
-// khugepaged would otherwise collapse every 2 MiB range that still holds one live page, filling the
-// trimmed holes again (measured: an idle daemon's RSS crept from 263 to 399 MiB in four minutes,
-// towards the whole heap). The first tick on which the process used more than kIdleCpuShare of a
-// core again (its other threads) wakes it (MADV_HUGEPAGE); while resting the ticks are kRestingTick
-// apart, so that a save or a read that starts touches 4 KiB pages for at most that long. Waking
-// also collapses the heap into huge pages (MADV_COLLAPSE, where the whole heap fits under the
-// resident limit): the trim split every huge page beside a live buffer, and the next save faulted
-// those ranges in 4 KiB at a time (42-51 k faults, ~1 CPU-s per 1.16 GB save on this project's VM).
+// Where the heap is in transparent huge pages (fs/daemon_heap.h: `huge_pages` below), once the
+// daemon went quiet (with a trim where more than kMinFreeBytes lie free), the heap *rests*: it is
+// marked MADV_NOHUGEPAGE, because khugepaged would otherwise collapse every 2 MiB range that still
+// holds one live page, filling the trimmed holes again (measured: an idle daemon's RSS crept from
+// 263 to 399 MiB in four minutes, towards the whole heap). The first tick on which the process used
+// more than kIdleCpuShare of a core again (its other threads) wakes it (MADV_HUGEPAGE); while
+// resting the ticks are kRestingTick apart, so that a save or a read that starts touches 4 KiB
+// pages for at most that long. Waking also collapses the heap into huge pages (MADV_COLLAPSE, where
+// the whole heap fits under the resident limit): the trim split every huge page beside a live
+// buffer, and the next save faulted those ranges in 4 KiB at a time (42-51 k faults, ~1 CPU-s
+// per 1.16 GB save on this project's VM).
 //
 //   HeapTrimPolicy policy(cache + inflight + (32 << 20), /*huge_pages=*/true);
 //   every tick: switch (policy.Decide(Sample{...}, free_heap)) {
 //     case kTrim: malloc_trim(0); break;
 //     case kTrimAndRest: heap NOHUGEPAGE; malloc_trim(0); break;
+//     case kRest: heap NOHUGEPAGE; break;
 //     case kWake: heap HUGEPAGE; collapse it; break;
 //   }
 //
@@ -70,6 +72,7 @@ class HeapTrimPolicy {
     kNone,
     kTrim,         // trim the heap (over the resident limit)
     kTrimAndRest,  // trim the heap, the daemon went quiet: the heap rests (no huge pages)
+    kRest,         // the daemon went quiet with too little free to trim: the heap rests only
     kWake,         // the daemon works again: the resting heap takes huge pages again
   };
 
