@@ -14,10 +14,8 @@
 namespace ckptfs {
 
 namespace {
-constexpr std::string_view kTunable = "glibc.malloc.hugetlb";
-}  // namespace
 
-namespace {
+constexpr std::string_view kTunable = "glibc.malloc.hugetlb";
 
 // The value `tunables` (GLIBC_TUNABLES: name=value:name=value...) gives `name`, if any.
 std::optional<std::string_view> TunableValue(std::string_view tunables, std::string_view name) {

@@ -38,14 +38,14 @@ HeapTrimPolicy::Action HeapTrimPolicy::Decide(const Sample& s,
   const double cpu = std::chrono::duration<double>(s.work_cpu - oldest.work_cpu).count();
   const bool idle =
       span >= std::chrono::duration<double>(kIdleWindow).count() && cpu < kIdleCpuShare * span;
-  if (!idle) trimmed_while_idle_ = false;
+  if (!idle) quiet_period_handled_ = false;
   const bool over_limit = s.anon_resident_bytes > resident_limit_;
-  // Once per quiet period: trimmed pages still count as free heap (fordblks).
-  const bool quiet = idle && !trimmed_while_idle_;
+  // Once per quiet period (trim and rest): trimmed pages still count as free heap (fordblks).
+  const bool quiet = idle && !quiet_period_handled_;
   if (!over_limit && !quiet) return Action::kNone;
   const bool worth_a_trim = free_heap() > kMinFreeBytes;
   if (!quiet) return worth_a_trim ? Action::kTrim : Action::kNone;
-  trimmed_while_idle_ = true;
+  quiet_period_handled_ = true;
   if (!huge_pages_) return worth_a_trim ? Action::kTrim : Action::kNone;
   // The heap rests whether or not this trim is worth it: the holes of earlier trims (over the
   // limit) are what khugepaged would fill.

@@ -70,7 +70,7 @@ class HeapTrimPolicy {
 
   enum class Action {
     kNone,
-    kTrim,         // trim the heap (over the resident limit)
+    kTrim,         // trim the heap (over the resident limit, or quiet without huge pages)
     kTrimAndRest,  // trim the heap, the daemon went quiet: the heap rests (no huge pages)
     kRest,         // the daemon went quiet with too little free to trim: the heap rests only
     kWake,         // the daemon works again: the resting heap takes huge pages again
@@ -86,7 +86,7 @@ class HeapTrimPolicy {
   size_t resident_limit_;
   bool huge_pages_;
   std::deque<Sample> window_;  // samples of the last kIdleWindow (and the one before it)
-  bool trimmed_while_idle_ = false;
+  bool quiet_period_handled_ = false;  // this quiet period's trim or rest is done
   bool resting_ = false;
 };
 

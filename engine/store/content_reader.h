@@ -16,9 +16,9 @@
 // a chunk read in parts by random reads stays until its last part is read (or the LRU evicts
 // it). Another reader's ordinary lookup makes an entry ordinary, which dropping leaves alone.
 // Prefetch that a worker reaches only after the reader has passed the chunk, or returned it
-// whole, is skipped (read_progress.h). With
-// WorkerPool::Priority::kLow the prefetch waits behind writes and every other prefetch (the
-// FUSE layer gives optimizer-state files that priority, so parameters load first on restore).
+// whole, is skipped (read_progress.h). With WorkerPool::Priority::kLow the prefetch waits
+// behind writes and every other prefetch (the FUSE layer gives optimizer-state files that
+// priority, so parameters load first on restore).
 // ReadaheadWindow is the sequential-access detector alone, for readers of other byte streams
 // (the views). Thread-safe. REQUIRES: the store outlives the reader.
 #pragma once
