@@ -317,13 +317,25 @@ Status Store::ReverseDeltas(ContentId id) {
     std::vector<std::optional<Pair>> results(i - first);
     ParallelFor(i - first, reencode_threads, [&](size_t k) {
       const Candidate& c = candidates[first + k];
-      // B once; X from its record and B's bytes (decoding X alone would rebuild B again).
-      Result<Buffer> b_raw = [&]() -> Result<Buffer> {
-        if (!c.has_b) return Buffer();
+      if (c.x_whole && !c.compress_x && !(c.has_b && c.b_promoted)) {
+        // Nothing to encode (X stays as written, B is an anchor): the commit only records X
+        // as promoted. Decoding B and X for it cost the save after a first version as much
+        // as re-encoding a whole version.
+        results[k] = Pair();
+        return;
+      }
+      // B once: from the cache where it still is (the writer cached it as this version's
+      // delta base), else from its record. X from its record and B's bytes (decoding X alone
+      // would rebuild B again).
+      std::shared_ptr<const Buffer> b_cached;
+      if (c.has_b) b_cached = cache_.Lookup(c.b, /*streamed=*/true);
+      Result<Buffer> b_decoded = [&]() -> Result<Buffer> {
+        if (!c.has_b || b_cached) return Buffer();
         std::shared_lock gc(gc_mu_);
         return reader_->Decode(c.b, c.b_row);
       }();
-      if (!b_raw.ok()) return;  // moved or dropped meanwhile: leave it
+      if (!b_decoded.ok()) return;  // moved or dropped meanwhile: leave it
+      const Buffer& b_raw = b_cached ? *b_cached : *b_decoded;
       // X: written whole, from the cache (the writer cached it as the next version's base)
       // or its record; else rebuilt from its forward delta and B's bytes.
       std::shared_ptr<const Buffer> x_cached;
@@ -332,7 +344,7 @@ Status Store::ReverseDeltas(ContentId id) {
         if (x_cached) return Buffer();
         std::shared_lock gc(gc_mu_);
         return c.x_whole ? reader_->Decode(c.x, c.x_row)
-                         : reader_->DecodeWithBase(c.x, c.x_row, *b_raw);
+                         : reader_->DecodeWithBase(c.x, c.x_row, b_raw);
       }();
       if (!x_raw.ok()) return;
       const Buffer& x_bytes = x_cached ? *x_cached : *x_raw;
@@ -347,7 +359,7 @@ Status Store::ReverseDeltas(ContentId id) {
       }
       std::optional<Encoded> delta;
       if (c.has_b && c.b_promoted) {  // an anchor stays whole: no need to try
-        EncodedPiece d = EncodePiece(*options_.codec, b_raw->bytes(), c.b_row.width, &x_bytes);
+        EncodedPiece d = EncodePiece(*options_.codec, b_raw.bytes(), c.b_row.width, &x_bytes);
         if (IsDelta(d.encoding.transform)) {
           RecordHeader h =
               RecordHeader::ForDelta(c.b, c.b_row.raw_len, d.encoding, c.x, d.stored.bytes());

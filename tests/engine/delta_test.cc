@@ -366,6 +366,48 @@ TEST_F(DeltaTest, WithReverseDeltasTheWriterStoresWholeAndTheReencoderOnlyTheBas
   for (int v = 0; v < 3; ++v) EXPECT_TRUE(ContentEquals(*reopened, ids[v], files_[v])) << v;
 }
 
+TEST_F(DeltaTest, TheReencoderReadsNoRecordItHasNoUseForOrFindsInTheCache) {
+  // Version 1's pieces against the anchor (version 0) have nothing to re-encode: the writer
+  // stored them whole and the anchor stays whole. Version 2's bases (version 1's pieces) and
+  // its own pieces are in the cache, where the writer put them as delta bases. So the
+  // re-encoder reads no record, and the store ends as one that decodes everything.
+  StoreOptions options = DeltaOptions(8, /*reverse=*/true);
+  options.compress_behind = false;  // pieces encoded by the writer: no compression behind it
+  options.cache_bytes = StoreOptions().cache_bytes;  // the default: three versions fit
+  auto store = OpenStore(dir_.path(), options);
+  ASSERT_TRUE(store);
+  ASSERT_OK_AND_ASSIGN(std::vector<ContentId> ids,
+                       StoreChain(*store, {files_[0], files_[1], files_[2]}));
+  store->WaitReencoded();
+  EXPECT_EQ(store->pack_reads(), 0u);
+  EXPECT_GT(store->pieces_reencoded(), 0u);
+  EXPECT_EQ(NewestDepth(*store, ids[0]), 1u) << "the anchor stays whole";
+  EXPECT_EQ(NewestDepth(*store, ids[1]), 2u) << "a delta against version 2";
+  EXPECT_EQ(NewestDepth(*store, ids[2]), 1u) << "the newest stays whole";
+  std::vector<uint64_t> expected;  // what the same writes leave where nothing was cached
+  {
+    TempDir uncached_dir{"delta-uncached"};
+    StoreOptions uncached = options;
+    uncached.cache_bytes = 0;
+    auto other = OpenStore(uncached_dir.path(), uncached);
+    ASSERT_TRUE(other);
+    ASSERT_OK_AND_ASSIGN(std::vector<ContentId> other_ids,
+                         StoreChain(*other, {files_[0], files_[1], files_[2]}));
+    other->WaitReencoded();
+    EXPECT_GT(other->pack_reads(), 0u) << "without a cache the bases are read";
+    for (ContentId id : other_ids) {
+      ASSERT_OK_AND_ASSIGN(ContentEncoding e, other->DescribeContent(id));
+      expected.push_back(e.record_bytes);
+    }
+  }
+  for (int v = 0; v < 3; ++v) {
+    ASSERT_OK_AND_ASSIGN(ContentEncoding e, store->DescribeContent(ids[v]));
+    EXPECT_EQ(e.record_bytes, expected[v]) << "version " << v;
+    EXPECT_TRUE(ContentEquals(*store, ids[v], files_[v])) << "version " << v;
+  }
+  EXPECT_TRUE(VerifyClean(*store));
+}
+
 TEST_F(DeltaTest, CompressBehindWritesRawPiecesThatTheReencoderCompresses) {
   // The default: the writer stores every whole piece raw, so a save pays no encoding, and the
   // re-encoder compresses the pieces behind it. Once it caught up, the store holds what a
