@@ -408,6 +408,27 @@ TEST_F(DeltaTest, TheReencoderReadsNoRecordItHasNoUseForOrFindsInTheCache) {
   EXPECT_TRUE(VerifyClean(*store));
 }
 
+TEST_F(DeltaTest, OnlyPiecesOfAFileWithAPredecessorAreCachedAsDeltaBases) {
+  // A first version's pieces would be the next version's bases only for a comparison the
+  // writer can do with a hash, and the re-encoder does not need them (the anchor stays whole):
+  // caching them would only grow the daemon's heap. A later version's pieces are cached.
+  StoreOptions options = DeltaOptions(8, /*reverse=*/true);
+  options.cache_bytes = StoreOptions().cache_bytes;
+  auto store = OpenStore(dir_.path(), options);
+  ASSERT_TRUE(store);
+  ASSERT_OK_AND_ASSIGN(std::vector<ContentId> first, StoreChain(*store, {files_[0]}));
+  store->WaitReencoded();
+  EXPECT_EQ(store->cache_bytes(), 0u);
+  auto writer = store->NewWriter();
+  ASSERT_OK(writer->SetReference(first[0]));
+  ASSERT_OK(writer->Append(Bytes(files_[1])));
+  ASSERT_OK_AND_ASSIGN(ContentId second, writer->Finish());
+  store->WaitReencoded();
+  EXPECT_GT(store->cache_bytes(), files_[1].size() / 2);
+  EXPECT_TRUE(ContentEquals(*store, first[0], files_[0]));
+  EXPECT_TRUE(ContentEquals(*store, second, files_[1]));
+}
+
 TEST_F(DeltaTest, CompressBehindWritesRawPiecesThatTheReencoderCompresses) {
   // The default: the writer stores every whole piece raw, so a save pays no encoding, and the
   // re-encoder compresses the pieces behind it. Once it caught up, the store holds what a
