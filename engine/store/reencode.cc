@@ -324,13 +324,15 @@ Status Store::ReverseDeltas(ContentId id) {
         results[k] = Pair();
         return;
       }
-      // B once: from the cache where it still is (the writer cached it as this version's
-      // delta base), else from its record. X from its record and B's bytes (decoding X alone
-      // would rebuild B again).
+      // B once, where it is needed (to rebuild a forward-delta X, or to become a delta of X):
+      // from the cache where it still is (the writer cached it as this version's delta base),
+      // else from its record. X from its record and B's bytes (decoding X alone would rebuild
+      // B again).
+      const bool need_b = c.has_b && (!c.x_whole || c.b_promoted);
       std::shared_ptr<const Buffer> b_cached;
-      if (c.has_b) b_cached = cache_.Lookup(c.b, /*streamed=*/true);
+      if (need_b) b_cached = cache_.Lookup(c.b, /*streamed=*/true);
       Result<Buffer> b_decoded = [&]() -> Result<Buffer> {
-        if (!c.has_b || b_cached) return Buffer();
+        if (!need_b || b_cached) return Buffer();
         std::shared_lock gc(gc_mu_);
         return reader_->Decode(c.b, c.b_row);
       }();

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <mutex>
 #include <random>
+#include <set>
 
 #include "tests/engine/test_support.h"
 
@@ -406,6 +407,44 @@ TEST_F(DeltaTest, TheReencoderReadsNoRecordItHasNoUseForOrFindsInTheCache) {
     EXPECT_TRUE(ContentEquals(*store, ids[v], files_[v])) << "version " << v;
   }
   EXPECT_TRUE(VerifyClean(*store));
+}
+
+TEST_F(DeltaTest, CompressingBehindTheVersionAfterAnAnchorReadsNothingOfTheAnchor) {
+  // The default: version 1's pieces are written raw and compressed by the re-encoder; their
+  // bases (version 0's pieces) stay whole as anchors, so their bytes are not needed. The
+  // re-encoder reads one record per new piece of version 1 that is not in the cache (the
+  // writer caches tensor pieces, not the zip's other bytes), and none of version 0.
+  StoreOptions options = DeltaOptions(8, /*reverse=*/true);
+  options.compress_behind_min_bytes = 0;  // these test files' pieces are small
+  options.cache_bytes = StoreOptions().cache_bytes;
+  auto store = OpenStore(dir_.path(), options);
+  ASSERT_TRUE(store);
+  ASSERT_OK_AND_ASSIGN(std::vector<ContentId> first, StoreChain(*store, {files_[0]}));
+  store->WaitReencoded();
+  const uint64_t reads = store->pack_reads();
+  auto writer = store->NewWriter();
+  ASSERT_OK(writer->SetReference(first[0]));
+  ASSERT_OK(writer->Append(Bytes(files_[1])));
+  ASSERT_OK_AND_ASSIGN(ContentId second, writer->Finish());
+  store->WaitReencoded();
+  const uint64_t reencoder_reads = store->pack_reads() - reads;
+  std::set<ChunkId> old_ids, uncached_new;
+  {
+    ASSERT_OK_AND_ASSIGN(auto txn, store->catalog().BeginRead());
+    ASSERT_OK(txn.ForEachChunkRef(first[0], 0, [&](const ChunkRef& ref) {
+      old_ids.insert(ref.id);
+      return true;
+    }));
+    ASSERT_OK(txn.ForEachChunkRef(second, 0, [&](const ChunkRef& ref) {
+      if (old_ids.count(ref.id) == 0 && !store->Cached(ref.id)) uncached_new.insert(ref.id);
+      return true;
+    }));
+  }
+  EXPECT_EQ(reencoder_reads, uncached_new.size());
+  ASSERT_OK_AND_ASSIGN(ContentEncoding e, store->DescribeContent(second));
+  EXPECT_LT(e.record_bytes, e.raw_bytes) << "compressed behind the writer";
+  EXPECT_TRUE(ContentEquals(*store, first[0], files_[0]));
+  EXPECT_TRUE(ContentEquals(*store, second, files_[1]));
 }
 
 TEST_F(DeltaTest, OnlyPiecesOfAFileWithAPredecessorAreCachedAsDeltaBases) {
