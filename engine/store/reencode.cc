@@ -319,8 +319,8 @@ Status Store::ReverseDeltas(ContentId id) {
       const Candidate& c = candidates[first + k];
       if (c.x_whole && !c.compress_x && !(c.has_b && c.b_promoted)) {
         // Nothing to encode (X stays as written, B is an anchor): the commit only records X
-        // as promoted. Decoding B and X for it cost the save after a first version as much
-        // as re-encoding a whole version.
+        // as promoted. Decoding B and X for it cost the save after a first version two
+        // decodes of every piece, for nothing.
         results[k] = Pair();
         return;
       }
