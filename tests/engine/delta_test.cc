@@ -8,7 +8,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 
@@ -17,16 +19,38 @@
 namespace ckptfs::testing {
 namespace {
 
-// Writes n consecutive checkpoints into dir; false (and a skip message) when torch is missing.
-bool MakeVersions(const std::filesystem::path& dir, int n, const std::string& extra = "") {
+// Writes n consecutive checkpoints into dir; false when torch is missing.
+bool MakeVersions(const std::filesystem::path& dir, int n) {
   if (!std::filesystem::exists("/usr/bin/python3")) return false;
   std::string cmd = "/usr/bin/python3 " CKPTFS_SOURCE_DIR "/tests/engine/delta_versions.py ";
   cmd += dir.string();
   cmd += ' ';
   cmd += std::to_string(n);
-  cmd += ' ';
-  cmd += extra;
   return std::system(cmd.c_str()) == 0;
+}
+
+// The versions every DeltaTest uses: generated once per content of delta_versions.py (which is
+// deterministic) into the build tree, and shared by the tests' processes (ctest runs each test
+// in its own; starting torch takes ~1.8 s). Generated into a fresh directory beside it and
+// renamed into place, so that processes starting at once never see a partial set (the loser of
+// the rename uses the winner's). Null where torch is missing.
+std::optional<std::filesystem::path> SharedVersions(int n) {
+  const ChunkId key =
+      ChunkId::Of(Bytes(ReadFileBytes(CKPTFS_SOURCE_DIR "/tests/engine/delta_versions.py")));
+  const std::filesystem::path root = CKPTFS_TEST_CACHE_DIR;
+  const std::filesystem::path dir = root / (key.ShortHex() + "-" + std::to_string(n));
+  if (std::filesystem::exists(dir / "complete")) return dir;
+  std::error_code ec;
+  std::filesystem::create_directories(root, ec);
+  std::string fresh = (root / "new-XXXXXX").string();
+  if (::mkdtemp(fresh.data()) == nullptr) return std::nullopt;
+  if (MakeVersions(fresh, n)) {
+    std::ofstream(std::filesystem::path(fresh) / "complete") << "done\n";
+    std::filesystem::rename(fresh, dir, ec);  // fails where another process got there first
+  }
+  std::filesystem::remove_all(fresh, ec);
+  if (!std::filesystem::exists(dir / "complete")) return std::nullopt;
+  return dir;
 }
 
 std::vector<std::vector<std::byte>> LoadVersions(const std::filesystem::path& dir, int n) {
@@ -74,8 +98,9 @@ StoreOptions DeltaOptions(uint32_t chain, bool reverse = false) {
 class DeltaTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!MakeVersions(data_.path(), kVersions)) GTEST_SKIP() << "needs /usr/bin/python3 with torch";
-    files_ = LoadVersions(data_.path(), kVersions);
+    std::optional<std::filesystem::path> versions = SharedVersions(kVersions);
+    if (!versions) GTEST_SKIP() << "needs /usr/bin/python3 with torch";
+    files_ = LoadVersions(*versions, kVersions);
   }
   // The record bytes of each version in a store that encodes every piece as it is written
   // (compress_behind off), once its re-encoder caught up.
@@ -101,7 +126,6 @@ class DeltaTest : public ::testing::Test {
     }
   }
   static constexpr int kVersions = 7;
-  TempDir data_{"delta-data"};
   TempDir dir_{"delta-store"};
   std::vector<std::vector<std::byte>> files_;
 };
