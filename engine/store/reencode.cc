@@ -317,18 +317,18 @@ Status Store::ReverseDeltas(ContentId id) {
     std::vector<std::optional<Pair>> results(i - first);
     ParallelFor(i - first, reencode_threads, [&](size_t k) {
       const Candidate& c = candidates[first + k];
-      if (c.x_whole && !c.compress_x && !(c.has_b && c.b_promoted)) {
+      // B is needed to rebuild a forward-delta X, or to become a delta of X.
+      const bool need_b = c.has_b && (!c.x_whole || c.b_promoted);
+      if (c.x_whole && !c.compress_x && !need_b) {
         // Nothing to encode (X stays as written, B is an anchor): the commit only records X
         // as promoted. Decoding B and X for it cost the save after a first version two
         // decodes of every piece, for nothing.
         results[k] = Pair();
         return;
       }
-      // B once, where it is needed (to rebuild a forward-delta X, or to become a delta of X):
-      // from the cache where it still is (the writer cached it as this version's delta base),
-      // else from its record. X from its record and B's bytes (decoding X alone would rebuild
-      // B again).
-      const bool need_b = c.has_b && (!c.x_whole || c.b_promoted);
+      // B once, where needed: from the cache where it still is (the writer cached it as this
+      // version's delta base), else from its record. X from its record and B's bytes (decoding
+      // X alone would rebuild B again).
       std::shared_ptr<const Buffer> b_cached;
       if (need_b) b_cached = cache_.Lookup(c.b, /*streamed=*/true);
       Result<Buffer> b_decoded = [&]() -> Result<Buffer> {

@@ -85,6 +85,15 @@ Result<std::vector<ContentId>> StoreChain(Store& store,
   return ids;
 }
 
+// Stores `file` as one new content, with `previous` (if any) as its reference.
+Result<ContentId> StoreVersion(Store& store, std::optional<ContentId> previous,
+                               const std::vector<std::byte>& file) {
+  auto writer = store.NewWriter();
+  if (previous) CKPTFS_RETURN_IF_ERROR(writer->SetReference(*previous));
+  CKPTFS_RETURN_IF_ERROR(writer->Append(Bytes(file)));
+  return writer->Finish();
+}
+
 // Forward deltas unless `reverse` (the re-encoder runs behind the writer: tests of the forward
 // chains would race with it).
 StoreOptions DeltaOptions(uint32_t chain, bool reverse = false) {
@@ -102,19 +111,36 @@ class DeltaTest : public ::testing::Test {
     if (!versions) GTEST_SKIP() << "needs /usr/bin/python3 with torch";
     files_ = LoadVersions(*versions, kVersions);
   }
-  // The record bytes of each version in a store that encodes every piece as it is written
-  // (compress_behind off), once its re-encoder caught up.
-  void RecordBytesEncodedAtWrite(std::vector<uint64_t>* record_bytes) {
-    TempDir at_write_dir{"delta-at-write"};
-    StoreOptions at_write = DeltaOptions(8, /*reverse=*/true);
-    at_write.compress_behind = false;
-    auto store = OpenStore(at_write_dir.path(), at_write);
+  // The record bytes of each of `files` stored as a chain into a fresh store with `options`,
+  // once its re-encoder caught up; and how many records that store read.
+  static void RecordBytesOf(const StoreOptions& options,
+                            const std::vector<std::vector<std::byte>>& files,
+                            std::vector<uint64_t>* record_bytes, uint64_t* pack_reads = nullptr) {
+    TempDir dir{"delta-reference-store"};
+    auto store = OpenStore(dir.path(), options);
     ASSERT_TRUE(store);
-    ASSERT_OK_AND_ASSIGN(std::vector<ContentId> ids, StoreChain(*store, files_));
+    ASSERT_OK_AND_ASSIGN(std::vector<ContentId> ids, StoreChain(*store, files));
     store->WaitReencoded();
+    if (pack_reads) *pack_reads = store->pack_reads();
     for (ContentId id : ids) {
       ASSERT_OK_AND_ASSIGN(ContentEncoding e, store->DescribeContent(id));
       record_bytes->push_back(e.record_bytes);
+    }
+  }
+  // The record bytes of each version in a store that encodes every piece as it is written
+  // (compress_behind off), once its re-encoder caught up.
+  void RecordBytesEncodedAtWrite(std::vector<uint64_t>* record_bytes) {
+    StoreOptions at_write = DeltaOptions(8, /*reverse=*/true);
+    at_write.compress_behind = false;
+    RecordBytesOf(at_write, files_, record_bytes);
+  }
+  // Each version's records are `expected` (record bytes per version) and read back bitwise.
+  void ExpectRecordsAndContent(Store& store, const std::vector<ContentId>& ids,
+                               const std::vector<uint64_t>& expected) {
+    for (size_t v = 0; v < ids.size(); ++v) {
+      ASSERT_OK_AND_ASSIGN(ContentEncoding e, store.DescribeContent(ids[v]));
+      EXPECT_EQ(e.record_bytes, expected[v]) << "version " << v;
+      EXPECT_TRUE(ContentEquals(store, ids[v], files_[v])) << "version " << v;
     }
   }
   // Every version's records are smaller than its bytes: encoded as written (checked before the
@@ -410,26 +436,13 @@ TEST_F(DeltaTest, TheReencoderReadsNoRecordItHasNoUseForOrFindsInTheCache) {
   EXPECT_EQ(NewestDepth(*store, ids[1]), 2u) << "a delta against version 2";
   EXPECT_EQ(NewestDepth(*store, ids[2]), 1u) << "the newest stays whole";
   std::vector<uint64_t> expected;  // what the same writes leave where nothing was cached
-  {
-    TempDir uncached_dir{"delta-uncached"};
-    StoreOptions uncached = options;
-    uncached.cache_bytes = 0;
-    auto other = OpenStore(uncached_dir.path(), uncached);
-    ASSERT_TRUE(other);
-    ASSERT_OK_AND_ASSIGN(std::vector<ContentId> other_ids,
-                         StoreChain(*other, {files_[0], files_[1], files_[2]}));
-    other->WaitReencoded();
-    EXPECT_GT(other->pack_reads(), 0u) << "without a cache the bases are read";
-    for (ContentId id : other_ids) {
-      ASSERT_OK_AND_ASSIGN(ContentEncoding e, other->DescribeContent(id));
-      expected.push_back(e.record_bytes);
-    }
-  }
-  for (int v = 0; v < 3; ++v) {
-    ASSERT_OK_AND_ASSIGN(ContentEncoding e, store->DescribeContent(ids[v]));
-    EXPECT_EQ(e.record_bytes, expected[v]) << "version " << v;
-    EXPECT_TRUE(ContentEquals(*store, ids[v], files_[v])) << "version " << v;
-  }
+  uint64_t uncached_reads = 0;
+  StoreOptions uncached = options;
+  uncached.cache_bytes = 0;
+  ASSERT_NO_FATAL_FAILURE(
+      RecordBytesOf(uncached, {files_[0], files_[1], files_[2]}, &expected, &uncached_reads));
+  EXPECT_GT(uncached_reads, 0u) << "without a cache the bases are read";
+  ASSERT_NO_FATAL_FAILURE(ExpectRecordsAndContent(*store, ids, expected));
   EXPECT_TRUE(VerifyClean(*store));
 }
 
@@ -446,10 +459,7 @@ TEST_F(DeltaTest, CompressingBehindTheVersionAfterAnAnchorReadsNothingOfTheAncho
   ASSERT_OK_AND_ASSIGN(std::vector<ContentId> first, StoreChain(*store, {files_[0]}));
   store->WaitReencoded();
   const uint64_t reads = store->pack_reads();
-  auto writer = store->NewWriter();
-  ASSERT_OK(writer->SetReference(first[0]));
-  ASSERT_OK(writer->Append(Bytes(files_[1])));
-  ASSERT_OK_AND_ASSIGN(ContentId second, writer->Finish());
+  ASSERT_OK_AND_ASSIGN(ContentId second, StoreVersion(*store, first[0], files_[1]));
   store->WaitReencoded();
   const uint64_t reencoder_reads = store->pack_reads() - reads;
   std::set<ChunkId> old_ids, uncached_new;
@@ -482,10 +492,7 @@ TEST_F(DeltaTest, OnlyPiecesOfAFileWithAPredecessorAreCachedAsDeltaBases) {
   ASSERT_OK_AND_ASSIGN(std::vector<ContentId> first, StoreChain(*store, {files_[0]}));
   store->WaitReencoded();
   EXPECT_EQ(store->cache_bytes(), 0u);
-  auto writer = store->NewWriter();
-  ASSERT_OK(writer->SetReference(first[0]));
-  ASSERT_OK(writer->Append(Bytes(files_[1])));
-  ASSERT_OK_AND_ASSIGN(ContentId second, writer->Finish());
+  ASSERT_OK_AND_ASSIGN(ContentId second, StoreVersion(*store, first[0], files_[1]));
   store->WaitReencoded();
   EXPECT_GT(store->cache_bytes(), files_[1].size() / 2);
   EXPECT_TRUE(ContentEquals(*store, first[0], files_[0]));
@@ -544,10 +551,9 @@ TEST_F(DeltaTest, ManySmallReencoderBatchesStoreWhatOneBatchStores) {
     ASSERT_TRUE(store);
     std::vector<ContentId> ids;
     for (const auto& file : files_) {  // one version at a time: the same states either way
-      auto writer = store->NewWriter();
-      if (!ids.empty()) ASSERT_OK(writer->SetReference(ids.back()));
-      ASSERT_OK(writer->Append(file));
-      ASSERT_OK_AND_ASSIGN(ContentId id, writer->Finish());
+      std::optional<ContentId> previous;
+      if (!ids.empty()) previous = ids.back();
+      ASSERT_OK_AND_ASSIGN(ContentId id, StoreVersion(*store, previous, file));
       ids.push_back(id);
       store->WaitReencoded();
     }
@@ -589,11 +595,7 @@ TEST_F(DeltaTest, AWriterThatEncodesAtWriteStoresWhatACompressAtWriteStoreStores
   ASSERT_NO_FATAL_FAILURE(ExpectEveryVersionEncoded(*store, ids));
   gate.Release();
   store->WaitReencoded();
-  for (int v = 0; v < kVersions; ++v) {
-    ASSERT_OK_AND_ASSIGN(ContentEncoding e, store->DescribeContent(ids[v]));
-    EXPECT_EQ(e.record_bytes, expected[v]) << "version " << v;
-    EXPECT_TRUE(ContentEquals(*store, ids[v], files_[v])) << "version " << v;
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectRecordsAndContent(*store, ids, expected));
   EXPECT_TRUE(VerifyClean(*store));
 }
 
