@@ -136,6 +136,10 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
   sigemptyset(&stop_signals);
   for (int sig : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&stop_signals, sig);
   ::pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  // Before any thread exists: a thread that allocates before M_ARENA_MAX is 1 keeps an arena
+  // of its own, outside the huge-page heap (fs/daemon_heap.h). The S3 client's, the bucket
+  // fetchers' and the store's threads start below.
+  ConfigureDaemonHeap();
 
   StoreOptions options;
   options.create_if_missing = args.create;
@@ -220,7 +224,6 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
   }
   const std::string codec = (*store)->options().codec->ToString();  // given, else recorded
   if (!start_log()) return 1;
-  ConfigureDaemonHeap();  // fs/daemon_heap.h
   // One descriptor per pack file read: allow as many as the system lets us.
   rlimit files;
   if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
