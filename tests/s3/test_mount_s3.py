@@ -103,6 +103,12 @@ def anonymous_resident_outside_the_heap(pid):
 
 
 class S3StoreTest(unittest.TestCase):
+    def node(self, location, node, name, options=None):
+        """A node mounted on `location` (S3Mount), closed when the test ends, whatever happens."""
+        m = S3Mount(location, node, name)
+        self.addCleanup(m.close)
+        return m.mount(options)
+
     def test_init_refuses_twice_and_mount_says_what_is_missing(self):
         mounted.ckptfs("init", "s3://ckpts/twice")
         again = mounted.ckptfs("init", "s3://ckpts/twice", check=False)
@@ -120,9 +126,7 @@ class S3StoreTest(unittest.TestCase):
     def test_acknowledged_saves_survive_sigkill_and_restore_into_an_empty_cache(self):
         loc = "s3://ckpts/acked"
         mounted.ckptfs("init", loc)
-        a = S3Mount(loc, "rank0", "a")
-        self.addCleanup(a.close)
-        a.mount()
+        a = self.node(loc, "rank0", "a")
         os.mkdir(a.path("step1"))
         save_fsynced(model(1), a.path("step1", "model.pt"))      # acknowledged by fsync
         with open(a.path("step1", "notes.txt"), "wb") as f:
@@ -132,9 +136,7 @@ class S3StoreTest(unittest.TestCase):
         self.assertTrue(any("/nodes/rank0/manifests/" in k for k in bucket_keys("acked/")))
         a.kill_daemon()                                           # the node dies
 
-        b = S3Mount(loc, "rank0", "b")                            # a new node, empty cache
-        self.addCleanup(b.close)
-        b.mount()
+        b = self.node(loc, "rank0", "b")  # a new node, empty cache
         # Reads on demand: the mount restored the catalog and serves at once; the packs are
         # sparse files whose records come from the bucket as they are read, through the
         # memory cache, never onto this node's disk.
@@ -160,9 +162,7 @@ class S3StoreTest(unittest.TestCase):
         mounted.ckptfs("gc", b.mnt, "--rewrite-below", "1.0")
         mounted.ckptfs("sync", b.mnt)
         b.umount()
-        c = S3Mount(loc, "rank0", "c")
-        self.addCleanup(c.close)
-        c.mount()
+        c = self.node(loc, "rank0", "c")
         self.assertEqual(sorted(os.listdir(c.mnt)), ["step1", "step3"])
         self.assertEqual(mounted.read_file(c.path("step1", "model.pt")), expected["model.pt"])
         loaded = torch.load(c.path("step3", "model.pt"))
@@ -175,16 +175,12 @@ class S3StoreTest(unittest.TestCase):
         # catalog lost, as a power cut may leave unsynced files) is restored again.
         loc = "s3://ckpts/unsettled"
         mounted.ckptfs("init", loc)
-        a = S3Mount(loc, "n0", "a")
-        self.addCleanup(a.close)
-        a.mount()
+        a = self.node(loc, "n0", "a")
         os.mkdir(a.path("step1"))
         save_fsynced(model(3), a.path("step1", "model.pt"))
         expected = mounted.read_file(a.path("step1", "model.pt"))
         a.umount()
-        b = S3Mount(loc, "n0", "b")
-        self.addCleanup(b.close)
-        b.mount()
+        b = self.node(loc, "n0", "b")
         self.assertEqual(mounted.read_file(b.path("step1", "model.pt")), expected)
         b.umount()
         marker = os.path.join(b.store, "restore-unsettled")
@@ -205,17 +201,13 @@ class S3StoreTest(unittest.TestCase):
         # [heap], in 4 KiB pages: ~10 000 page faults to restore 64 MiB).
         loc = "s3://ckpts/one-heap"
         mounted.ckptfs("init", loc)
-        a = S3Mount(loc, "n0", "a")
-        self.addCleanup(a.close)
-        a.mount()
+        a = self.node(loc, "n0", "a")
         os.mkdir(a.path("step1"))
         g = torch.Generator().manual_seed(5)
         save_fsynced({"w%d" % i: torch.randn(1 << 20, generator=g) for i in range(8)},
                      a.path("step1", "model.pt"))
         a.umount()
-        b = S3Mount(loc, "n0", "b")                               # an empty cache
-        self.addCleanup(b.close)
-        b.mount()
+        b = self.node(loc, "n0", "b")  # an empty cache
         self.assertGreater(len(mounted.read_file(b.path("step1", "model.pt"))), 32 << 20)
         outside = anonymous_resident_outside_the_heap(b.pid)
         self.assertFalse([m for m in outside if m[0] > (4 << 20)],
@@ -227,15 +219,9 @@ class S3StoreTest(unittest.TestCase):
         loc = "s3://ckpts/ranks"
         mounted.ckptfs("init", loc)
         poll = ["--remote-poll", "0.3"]
-        a = S3Mount(loc, "node-a", "ra")
-        self.addCleanup(a.close)
-        a.mount(["--rank", "0", "--world-size", "2"] + poll)
-        b = S3Mount(loc, "node-b", "rb")
-        self.addCleanup(b.close)
-        b.mount(["--rank", "1", "--world-size", "2"] + poll)
-        c = S3Mount(loc, "node-c", "rc")                       # a reader with an empty cache
-        self.addCleanup(c.close)
-        c.mount(poll)
+        a = self.node(loc, "node-a", "ra", ["--rank", "0", "--world-size", "2"] + poll)
+        b = self.node(loc, "node-b", "rb", ["--rank", "1", "--world-size", "2"] + poll)
+        c = self.node(loc, "node-c", "rc", poll)  # a reader with an empty cache
         parts = lambda v: [k for k in bucket_keys("ranks/versions/%s/" % v)]
 
         # Rank 0 commits its part of step1: the reader must not show step1 yet.
@@ -279,9 +265,7 @@ class S3StoreTest(unittest.TestCase):
         mounted.ckptfs("sync", c.mnt)
         c.umount()
         mounted.ckptfs("gc", loc, "--grace", "0")
-        d = S3Mount(loc, "node-c", "rd")
-        self.addCleanup(d.close)
-        d.mount(poll)
+        d = self.node(loc, "node-c", "rd", poll)
         self.assertEqual(mounted.read_file(d.path("step2", "rank1.pt")),
                          mounted.read_file(b.path("step2", "rank1.pt")))
 
@@ -289,9 +273,7 @@ class S3StoreTest(unittest.TestCase):
         loc = "s3://ckpts/dedup"
         mounted.ckptfs("init", loc)
         poll = ["--remote-poll", "0.3"]
-        a = S3Mount(loc, "node-a", "da")
-        self.addCleanup(a.close)
-        a.mount(["--rank", "0", "--world-size", "1"] + poll)
+        a = self.node(loc, "node-a", "da", ["--rank", "0", "--world-size", "1"] + poll)
         os.mkdir(a.path("step1"))
         save_fsynced(model(30), a.path("step1", "model.pt"))
         mounted.ckptfs("seal", a.path("step1"))
@@ -300,9 +282,7 @@ class S3StoreTest(unittest.TestCase):
         a.kill_daemon()                                          # the node dies
         # A new node takes rank 0 over with an empty cache: it adds step1 from the bucket, and
         # its save of the same state finds every chunk there (chunk ids are content hashes).
-        e = S3Mount(loc, "node-e", "de")
-        self.addCleanup(e.close)
-        e.mount(["--rank", "0", "--world-size", "1"] + poll)
+        e = self.node(loc, "node-e", "de", ["--rank", "0", "--world-size", "1"] + poll)
         self.assertTrue(mounted.wait_until(lambda: "step1" in os.listdir(e.mnt), 30, 0.1))
 
         def objects():
@@ -328,9 +308,7 @@ class S3StoreTest(unittest.TestCase):
     def test_sigkill_during_upload_leaves_the_last_whole_publication(self):
         loc = "s3://ckpts/killed"
         mounted.ckptfs("init", loc)
-        a = S3Mount(loc, "rank0", "a")
-        self.addCleanup(a.close)
-        a.mount()
+        a = self.node(loc, "rank0", "a")
         os.mkdir(a.path("v1"))
         first = mounted.data(6 << 20, 1)
         mounted.write_file(a.path("v1", "shard"), first)
@@ -350,9 +328,7 @@ class S3StoreTest(unittest.TestCase):
         a.kill_daemon()
         sync.wait(60)
 
-        b = S3Mount(loc, "rank0", "b")
-        self.addCleanup(b.close)
-        b.mount()
+        b = self.node(loc, "rank0", "b")
         self.assertEqual(mounted.read_file(b.path("v1", "shard")), first)
         if os.path.exists(b.path("v2", "shard")):  # the publication finished before the kill
             self.assertEqual(mounted.read_file(b.path("v2", "shard")), second)
@@ -380,9 +356,7 @@ class S3StoreTest(unittest.TestCase):
         objects = set(bucket_keys("killed/objects/"))
         self.assertEqual(objects & orphans, set())
         self.assertTrue(named_objects("killed/") <= objects)
-        c = S3Mount(loc, "rank0", "c")
-        self.addCleanup(c.close)
-        c.mount()
+        c = self.node(loc, "rank0", "c")
         self.assertEqual(mounted.read_file(c.path("v1", "shard")), first)
         print("manifests before the kill: %d; v2 restored: %s; orphans collected: %d"
               % (published_before_kill, v2_restored, len(orphans)))
