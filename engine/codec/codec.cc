@@ -7,6 +7,7 @@
 #include <climits>
 
 #include "engine/codec/huffman.h"
+#include "engine/codec/rans.h"
 
 namespace ckptfs {
 
@@ -20,6 +21,8 @@ std::string_view CodecName(Codec codec) {
       return "zstd";
     case Codec::kHuffman:
       return "huffman";
+    case Codec::kRans:
+      return "rans";
   }
   return "unknown";
 }
@@ -149,6 +152,8 @@ Status Decompress(Codec codec, Bytes stored, MutableBytes out) {
     }
     case Codec::kHuffman:
       return HuffmanDecode(stored, out);
+    case Codec::kRans:
+      return RansDecode(stored, out);
   }
   return Status::Corruption("unknown codec " + std::to_string(static_cast<int>(codec)));
 }

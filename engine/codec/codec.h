@@ -1,7 +1,7 @@
 // engine/codec/codec.h
 //
 // Block codecs for chunk records: none, lz4 (fast) and zstd at a level; and Huffman (huffman.h)
-// for the byte planes of tensors (piece_codec.h).
+// and rANS (rans.h) for the byte planes of tensors (piece_codec.h).
 //
 //   CodecSpec spec = *CodecSpec::Parse("zstd:3");
 //   Buffer out;
@@ -21,9 +21,9 @@
 
 namespace ckptfs {
 
-// Stored in records and in the catalog: never renumber. kHuffman is only written for the plane
-// segments of a planes container (piece_codec.h), never as a record's codec.
-enum class Codec : uint8_t { kNone = 0, kLz4 = 1, kZstd = 2, kHuffman = 3 };
+// Stored in records and in the catalog: never renumber. kHuffman and kRans are only written for
+// the plane segments of a planes container (piece_codec.h), never as a record's codec.
+enum class Codec : uint8_t { kNone = 0, kLz4 = 1, kZstd = 2, kHuffman = 3, kRans = 4 };
 
 std::string_view CodecName(Codec codec);
 

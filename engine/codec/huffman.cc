@@ -516,6 +516,22 @@ size_t HuffmanEncodedSize(Bytes in) {
   return plan.total;
 }
 
+size_t HuffmanEncodedSizeOfCounts(const uint32_t counts[256]) {
+  uint64_t wide[256];
+  uint64_t n = 0;
+  for (int s = 0; s < 256; ++s) n += wide[s] = counts[s];
+  if (n == 0) return SIZE_MAX;
+  uint8_t len[256];
+  BuildLengths(wide, len);
+  int last = 0;
+  uint64_t bits = 0;
+  for (int s = 0; s < 256; ++s) {
+    if (len[s] > 0) last = s;
+    bits += wide[s] * len[s];
+  }
+  return 1 + (last + 2) / 2 + kStreamLengthBytes + (bits + 7) / 8 + (kStreams - 1);
+}
+
 size_t HuffmanEncodeTo(Bytes in, std::byte* dst_bytes, size_t capacity) {
   const size_t n = in.size();
   if (n == 0 || n > UINT32_MAX) return 0;

@@ -51,6 +51,11 @@ size_t HuffmanEncodeTo(Bytes in, std::byte* dst, size_t capacity);
 // histogram and the code only. For choosing between encodings cheaply.
 size_t HuffmanEncodedSize(Bytes in);
 
+// The size HuffmanEncode would give an input of that histogram (of the whole input), within
+// 4 bytes (each stream's last byte): for comparing with other coders from one histogram.
+// SIZE_MAX for an empty histogram.
+size_t HuffmanEncodedSizeOfCounts(const uint32_t counts[256]);
+
 // Decodes `stored` into `out`, which must hold exactly the encoded input's length. `prefetch`:
 // bytes the caller reads next (a delta's base), asked for from memory a cache line at a time
 // while decoding, which leaves the memory idle otherwise; no effect on the result.

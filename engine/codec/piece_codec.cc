@@ -13,6 +13,7 @@
 #endif
 
 #include "engine/codec/huffman.h"
+#include "engine/codec/rans.h"
 #include "engine/codec/vector_level.h"
 #include "engine/util/coding.h"
 
@@ -745,6 +746,33 @@ void ApplyTopModel(uint8_t* top, size_t n, size_t period, size_t phase, const ui
 constexpr double kRawAboveBits = 7.5;
 constexpr double kTryCodecBelowBits = 0.5;
 
+// rANS (rans.h) against Huffman, for the planes of deltas only: below kRansBelowBits sampled
+// bits per byte a plane's full histogram gives both sizes, and rANS is taken where it stores at
+// least kRansMinGain less. Huffman spends at least a bit per byte and up to ~0.5 bit over the
+// entropy on the top planes of deltas (1-2 bits), ~0.1 bit on exponent planes (2.5-3 bits),
+// little above; rANS decodes a symbol per lookup where Huffman's table gives several on such
+// planes. Whole pieces (the newest version, which a restore reads) keep Huffman's speed; deltas
+// are read only for older versions. Chosen by measurement (docs/engine.md, "rANS").
+constexpr double kRansBelowBits = 4.0;
+constexpr double kRansMinGain = 0.02;
+
+// The coder PutSegment uses for a plane of `bits` sampled bits per byte, and its stored size
+// (within a few bytes).
+struct EntropyChoice {
+  Codec codec;
+  size_t size;
+};
+EntropyChoice ChooseEntropyCoder(Bytes segment, double bits, uint32_t counts[256]) {
+  if (bits >= kRansBelowBits) return {Codec::kHuffman, HuffmanEncodedSize(segment)};
+  ByteHistogram(segment, counts);
+  const size_t huffman = HuffmanEncodedSizeOfCounts(counts);
+  const size_t rans = RansEncodedSize(counts);
+  if (static_cast<double>(rans) <= static_cast<double>(huffman) * (1 - kRansMinGain)) {
+    return {Codec::kRans, rans};
+  }
+  return {Codec::kHuffman, huffman};
+}
+
 // Whether rotating each element left by one bit makes the planes of `raw` (width 2 or 4)
 // smaller: per plane the order-0 entropy of a sample of the elements, with and without the
 // rotation, summed, counting a plane above kRotationRawAboveBits as stored raw (8 bits). It wins
@@ -801,7 +829,8 @@ bool RotationPays(Bytes raw, uint8_t width) {
 
 // Appends one plane to the container in `out` (whose capacity already holds the segment raw):
 // its header (codec, stored length) and its stored bytes. Encoders write straight into `out`.
-void PutSegment(const CodecSpec& spec, Bytes segment, Buffer* out) {
+// `delta`: the plane is one of a delta's (xor or sub), which rANS may code.
+void PutSegment(const CodecSpec& spec, Bytes segment, bool delta, Buffer* out) {
   const size_t at = out->size();
   out->Resize(at + kSegmentHeaderBytes + segment.size());  // within the reserved capacity
   std::byte* header = out->data() + at;
@@ -821,7 +850,24 @@ void PutSegment(const CodecSpec& spec, Bytes segment, Buffer* out) {
           stored = other.size();
         }
       }
-      if (stored > 0) {
+      uint32_t counts[256];
+      if (stored > 0 && delta && bits < kRansBelowBits &&
+          ChooseEntropyCoder(segment, bits, counts).codec == Codec::kRans) {
+        // The coder writes before it knows whether it fits: not over the block codec's bytes.
+        thread_local Buffer scratch;
+        std::byte* dst = body;
+        if (codec != Codec::kNone) {
+          scratch.Resize(stored);
+          dst = scratch.data();
+        }
+        const size_t n = RansEncodeTo(segment, dst, stored - 1, counts);
+        if (n > 0) {
+          if (dst != body) std::memcpy(body, dst, n);
+          codec = Codec::kRans;
+          stored = n;
+        }
+      }
+      if (stored > 0 && codec != Codec::kRans) {
         const size_t n = HuffmanEncodeTo(segment, body, stored - 1);
         if (n > 0) {
           codec = Codec::kHuffman;
@@ -844,12 +890,14 @@ void PutSegment(const CodecSpec& spec, Bytes segment, Buffer* out) {
 }
 
 // The stored size PutSegment would give `segment`, without writing Huffman codes.
-size_t SegmentSize(const CodecSpec& spec, Bytes segment, Buffer* scratch) {
+size_t SegmentSize(const CodecSpec& spec, Bytes segment, bool delta, Buffer* scratch) {
   if (segment.empty()) return 0;
   if (!spec.entropy) return TryCompress(spec, segment, scratch) ? scratch->size() : segment.size();
   const double bits = EstimateEntropyBits(segment);
   if (bits > kRawAboveBits) return segment.size();
-  size_t best = std::min(segment.size(), HuffmanEncodedSize(segment));
+  uint32_t counts[256];
+  size_t best = std::min(segment.size(), delta ? ChooseEntropyCoder(segment, bits, counts).size
+                                               : HuffmanEncodedSize(segment));
   if (bits < kTryCodecBelowBits && spec.codec != Codec::kNone &&
       TryCompress(spec, segment, scratch)) {
     best = std::min(best, scratch->size());
@@ -858,20 +906,20 @@ size_t SegmentSize(const CodecSpec& spec, Bytes segment, Buffer* scratch) {
 }
 
 // The size of the container PackSegments would write.
-size_t PackedSize(const CodecSpec& spec, uint8_t width, Bytes planes) {
+size_t PackedSize(const CodecSpec& spec, uint8_t width, Bytes planes, bool delta) {
   const size_t elements = planes.size() / width;
   thread_local Buffer scratch;
   size_t total = (width + 1) * kSegmentHeaderBytes + (planes.size() - width * elements);
   for (size_t s = 0; s < width; ++s) {
-    total += SegmentSize(spec, planes.subspan(s * elements, elements), &scratch);
+    total += SegmentSize(spec, planes.subspan(s * elements, elements), delta, &scratch);
   }
   return total;
 }
 
 // Compresses each plane (and the tail) of `planes` on its own into a container, opened by the
-// segment that records `options`, if any.
-void PackSegments(const CodecSpec& spec, uint8_t width, Bytes planes, PlaneOptions options,
-                  Buffer* out) {
+// segment that records `options`, if any. `delta`: as for PutSegment.
+void PackSegments(const CodecSpec& spec, uint8_t width, Bytes planes, bool delta,
+                  PlaneOptions options, Buffer* out) {
   const size_t elements = planes.size() / width;
   const float scale = options.scale;
   out->Clear();
@@ -900,12 +948,14 @@ void PackSegments(const CodecSpec& spec, uint8_t width, Bytes planes, PlaneOptio
     std::memcpy(p + kSegmentHeaderBytes + kModelHeaderBytes, model.terms.data(),
                 model.terms.size());
   }
-  for (size_t s = 0; s < width; ++s) PutSegment(spec, planes.subspan(s * elements, elements), out);
+  for (size_t s = 0; s < width; ++s) {
+    PutSegment(spec, planes.subspan(s * elements, elements), delta, out);
+  }
   // The tail (< width bytes) as it is.
   CodecSpec raw;
   raw.codec = Codec::kNone;
   raw.entropy = false;
-  PutSegment(raw, planes.subspan(width * elements), out);
+  PutSegment(raw, planes.subspan(width * elements), delta, out);
 }
 
 // Reads the segments of a planes container into `planes`: a plane stored raw is pointed at where
@@ -927,7 +977,7 @@ Status UnpackSegments(uint8_t width, Bytes stored, MutableBytes scratch, int cop
     const uint8_t codec = static_cast<uint8_t>(stored[pos]);
     const uint32_t len = GetLE<uint32_t>(stored.data() + pos + 1);
     pos += kSegmentHeaderBytes;
-    if (codec > static_cast<uint8_t>(Codec::kHuffman) || len > stored.size() - pos) {
+    if (codec > static_cast<uint8_t>(Codec::kRans) || len > stored.size() - pos) {
       return Status::Corruption("piece: bad plane header");
     }
     Bytes body = stored.subspan(pos, len);
@@ -943,6 +993,8 @@ Status UnpackSegments(uint8_t width, Bytes stored, MutableBytes scratch, int cop
     } else if (static_cast<Codec>(codec) == Codec::kHuffman) {
       CKPTFS_RETURN_IF_ERROR(HuffmanDecode(body, segment, prefetch));
       prefetch = {};
+    } else if (static_cast<Codec>(codec) == Codec::kRans) {
+      CKPTFS_RETURN_IF_ERROR(RansDecode(body, segment));
     } else {
       CKPTFS_RETURN_IF_ERROR(Decompress(static_cast<Codec>(codec), body, segment));
     }
@@ -969,7 +1021,7 @@ size_t EncodeWith(const CodecSpec& spec, Transform t, uint8_t width, Bytes raw,
     options.model =
         FitTopModel(reinterpret_cast<uint8_t*>(scratch->data()) + (width - 1) * elements, elements);
   }
-  PackSegments(spec, width, scratch->bytes(), options, out);
+  PackSegments(spec, width, scratch->bytes(), IsDelta(t), options, out);
   return out->size();
 }
 
@@ -978,7 +1030,7 @@ size_t SizeWith(const CodecSpec& spec, Transform t, uint8_t width, Bytes raw, co
                 PlaneOptions options, Buffer* scratch) {
   scratch->Resize(raw.size());
   SplitWith(t, width, raw, base, options, scratch->data());
-  return PackedSize(spec, width, scratch->bytes()) + options.PrefixBytes();
+  return PackedSize(spec, width, scratch->bytes(), IsDelta(t)) + options.PrefixBytes();
 }
 
 size_t PlainSize(const CodecSpec& spec, Bytes raw, Buffer* out) {

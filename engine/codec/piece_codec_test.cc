@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -210,6 +211,51 @@ TEST(PieceCodecTest, AutoRoundTripsBf16AndDeltasOfEveryWidth) {
       }
     }
   }
+}
+
+// The codecs of a container's segments, in order (the first `skip` bytes are option segments).
+std::vector<Codec> SegmentCodecs(const Buffer& stored) {
+  std::vector<Codec> codecs;
+  for (size_t pos = 0; pos + 5 <= stored.size();) {
+    codecs.push_back(static_cast<Codec>(stored.data()[pos]));
+    uint32_t len;
+    std::memcpy(&len, stored.data() + pos + 1, 4);
+    pos += 5 + len;
+  }
+  return codecs;
+}
+
+TEST(PieceCodecTest, RansTakesTheLowEntropyPlanesOfADeltaAndRoundTrips) {
+  // A training step's update of ~1% per element: the sub delta's plane 2 holds small values,
+  // mostly 0-3 (~2 bits), where Huffman spends well over the entropy.
+  const size_t n = 256 << 10;
+  std::vector<float> w = Weights(n, 12);
+  Buffer base = ToBuffer(w.data(), n * 4);
+  std::mt19937 rng(13);
+  std::normal_distribution<float> step(0.0f, 0.01f);
+  for (float& x : w) x *= 1.0f + step(rng);
+  Buffer raw = ToBuffer(w.data(), n * 4);
+  EncodedPiece p = EncodePiece(CodecSpec{}, raw.bytes(), 4, &base);
+  ASSERT_EQ(p.encoding.transform, Transform::kSub);
+  const std::vector<Codec> codecs = SegmentCodecs(p.stored);
+  EXPECT_NE(std::find(codecs.begin(), codecs.end(), Codec::kRans), codecs.end());
+  ExpectRoundTrip(p, raw, &base);
+}
+
+TEST(PieceCodecTest, BlockCodecBytesSurviveAnEntropyCoderThatDoesNotFitUnderThem) {
+  // A delta whose changes sit in one run (3% of the elements replaced): its top plane is long
+  // runs of zeros, which lz4 stores in less than the plane's order-0 entropy. rANS is smaller
+  // than Huffman there, so it is tried, and must not leave its bytes over lz4's.
+  const size_t n = 256 << 10;
+  std::vector<float> w = Weights(n, 14);
+  Buffer base = ToBuffer(w.data(), n * 4);
+  std::vector<float> other = Weights(n / 33, 15);
+  std::copy(other.begin(), other.end(), w.begin() + n / 2);
+  Buffer raw = ToBuffer(w.data(), n * 4);
+  EncodedPiece p = EncodePiece(CodecSpec{}, raw.bytes(), 4, &base);
+  const std::vector<Codec> codecs = SegmentCodecs(p.stored);
+  EXPECT_NE(std::find(codecs.begin(), codecs.end(), Codec::kLz4), codecs.end());
+  ExpectRoundTrip(p, raw, &base);
 }
 
 TEST(PieceCodecTest, CorruptedHuffmanPlanesAreCorruptionOrCaughtByTheChecksum) {

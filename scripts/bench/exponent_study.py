@@ -15,10 +15,20 @@ entropy, not a codec; the codec stores ~0.5% of raw more than these bounds).
                                          column's mean; and per 1 MiB piece the residual against
                                          column + row terms as ckptfs stores it (segment 0x42),
                                          terms counted, with the true row length and phase
+  exponent_study.py coders OLD.pt NEW.pt changed tensors, the top plane of the sub delta per
+                                         1 MiB piece (where below 4 bits): its entropy (what
+                                         rANS reaches), Huffman's bits, and Huffman over pairs
+                                         of bytes (the 15 most frequent values and an escape)
+  exponent_study.py adam DIR OLD NEW     DeepSpeed checkpoints DIR/global_step{OLD,NEW} of an
+                                         Adam trajectory: the weights' sub delta against the old
+                                         weights and against the old weights minus Adam's update
+                                         rebuilt from the old and new moments; exp_avg_sq against
+                                         the old one scaled and against b2^k old + (1 - b2^k) g^2
 
 Stored / raw over the fp32 and bf16 tensors of more than 1024 elements. Needs torch
 (/usr/bin/python3 on this machine).
 """
+import heapq
 import sys
 
 import numpy as np
@@ -195,6 +205,99 @@ def model(path):
         print(kind, {k: round(v / n, 3) for k, v in d.items()})
 
 
+def huffman_bits(counts):  # the bits of an optimal (unlimited) Huffman code for these counts
+    heap = [(int(c), [s]) for s, c in enumerate(counts) if c > 0]
+    if len(heap) <= 1:
+        return int(sum(counts))
+    length = {s[0]: 0 for _, s in heap}
+    heapq.heapify(heap)
+    while len(heap) > 1:
+        a, sa = heapq.heappop(heap)
+        b, sb = heapq.heappop(heap)
+        for x in sa + sb:
+            length[x] += 1
+        heapq.heappush(heap, (a + b, sa + sb))
+    return sum(int(counts[x]) * n for x, n in length.items())
+
+
+def zigzag_sub(v, b, w):
+    m = np.uint64((1 << w) - 1)
+    d = (v - b) & m
+    s = (d >> np.uint64(w - 1)) & np.uint64(1)
+    return ((d << np.uint64(1)) & m) ^ (m * s)
+
+
+def coders(old_path, new_path):
+    old, new = tensors(old_path), tensors(new_path)
+    tot = {"entropy": 0.0, "huffman": 0.0, "pair huffman": 0.0, "bytes": 0}
+    for key, tb in new.items():
+        ta = old.get(key)
+        if ta is None or ta.shape != tb.shape or torch.equal(ta, tb):
+            continue
+        v, w = bits_of(tb)
+        z = zigzag_sub(v, bits_of(ta)[0], w)
+        per = (1 << 20) // (w // 8)
+        for a in range(0, z.size, per):
+            p = ((z[a:a + per] >> np.uint64(w - 8)) & np.uint64(255)).astype(np.int64)
+            counts = np.bincount(p, minlength=256)
+            if h(p) >= 4:
+                continue
+            rank = np.full(256, 15)
+            rank[np.argsort(-counts)[:15]] = np.arange(15)
+            r = rank[p]
+            escapes = int((r == 15).sum())
+            if r.size % 2:
+                r = np.append(r, 0)
+            pairs = np.bincount(r[0::2] * 16 + r[1::2], minlength=256)
+            tot["entropy"] += p.size * h(p)
+            tot["huffman"] += huffman_bits(counts)
+            tot["pair huffman"] += huffman_bits(pairs) + 8 * escapes
+            tot["bytes"] += p.size
+    n = tot.pop("bytes")
+    print("top planes below 4 bits, bits per byte:", {k: round(x / max(n, 1), 3) for k, x in tot.items()})
+
+
+def adam(d, old_step, new_step):
+    def load(step):
+        ms = torch.load(f"{d}/global_step{step}/mp_rank_00_model_states.pt", weights_only=False)
+        opt = torch.load(f"{d}/global_step{step}/zero_pp_rank_0_mp_rank_00_optim_states.pt",
+                         weights_only=False)["optimizer_state_dict"]
+        return ms, opt
+    (ms0, o0), (ms1, o1) = load(old_step), load(new_step)
+    group = o1["param_groups"][0]
+    lr, (b1, b2), eps = group["lr"], group["betas"], group["eps"]
+
+    def cost(new, pred):  # sub of the fp32 bit patterns, order-0 entropy per plane
+        z = zigzag_sub(bits_of(new.float())[0], bits_of(pred.float())[0], 32)
+        return sum(z.size * min(h(((z >> np.uint64(8 * j)) & np.uint64(255)).astype(np.int64)), 8)
+                   for j in range(4))
+    tot = {"weights: sub": 0.0, "weights: Adam's update": 0.0, "exp_avg_sq: scaled": 0.0,
+           "exp_avg_sq: from exp_avg": 0.0, "bits": 0}
+    for i, name in enumerate(ms0["param_shapes"][0].keys()):
+        w0, w1 = ms0["module"][name].double(), ms1["module"][name].double()
+        s0, s1 = o0["state"][i], o1["state"][i]
+        t0 = int(s0["step"])
+        k = int(s1["step"]) - t0
+        m0, v0, m1, v1 = (x.double() for x in (s0["exp_avg"], s0["exp_avg_sq"], s1["exp_avg"],
+                                                s1["exp_avg_sq"]))
+        # The k steps between, with a gradient constant over them: what each moment's change says.
+        gm = (m1 - b1 ** k * m0) / (1 - b1 ** k)
+        gv = (v1 - b2 ** k * v0) / (1 - b2 ** k)
+        update = torch.zeros_like(w0)
+        for j in range(1, k + 1):
+            mj = b1 ** j * m0 + (1 - b1 ** j) * gm
+            vj = (b2 ** j * v0 + (1 - b2 ** j) * gv).clamp(min=0)
+            update += lr * (mj / (1 - b1 ** (t0 + j))) / ((vj / (1 - b2 ** (t0 + j))).sqrt() + eps)
+        scale = float(np.median((v1 / v0.clamp(min=1e-30)).numpy()))
+        tot["weights: sub"] += cost(w1, w0)
+        tot["weights: Adam's update"] += cost(w1, w0 - update)
+        tot["exp_avg_sq: scaled"] += cost(v1, v0 * scale)
+        tot["exp_avg_sq: from exp_avg"] += cost(v1, b2 ** k * v0 + (1 - b2 ** k) * gm ** 2)
+        tot["bits"] += w0.numel() * 32
+    n = tot.pop("bits")
+    print(f"lr {lr} betas {b1} {b2}; stored / raw:", {k: round(x / n, 4) for k, x in tot.items()})
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "first":
         first(sys.argv[2])
@@ -202,5 +305,9 @@ if __name__ == "__main__":
         model(sys.argv[2])
     elif len(sys.argv) == 4 and sys.argv[1] == "delta":
         delta(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) == 4 and sys.argv[1] == "coders":
+        coders(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) == 5 and sys.argv[1] == "adam":
+        adam(sys.argv[2], sys.argv[3], sys.argv[4])
     else:
         sys.exit(__doc__)

@@ -1,15 +1,15 @@
-// libFuzzer target for the record decoder (engine/codec/piece_codec.h, huffman.h): the payload
-// of a record read from a pack is untrusted once a bit may have flipped, so DecodePiece and
-// HuffmanDecode must return Corruption on anything malformed, never crash or touch a byte
-// outside `stored`, `base` and `out`. And the encoder must round-trip: whatever EncodePiece
+// libFuzzer target for the record decoder (engine/codec/piece_codec.h, huffman.h, rans.h): the
+// payload of a record read from a pack is untrusted once a bit may have flipped, so DecodePiece,
+// HuffmanDecode and RansDecode must return Corruption on anything malformed, never crash or touch a
+// byte outside `stored`, `base` and `out`. And the encoder must round-trip: whatever EncodePiece
 // (and EncodePieceAs, EncodeScaledSub, EncodeRotatedPlanes) makes of input-derived bytes,
 // DecodePiece gives back bitwise.
 //
 // Input: 6 header bytes, then the payload.
 //   [0] transform (% 5: plain, planes, xor, sub, an unknown one); bit 7: the base has the
 //       wrong length
-//   [1] codec (% 5: none, lz4, zstd, huffman, an unknown one); also picks the CodecSpec of
-//       the round trip
+//   [1] codec (% 6: none, lz4, zstd, huffman, rans, an unknown one); also picks the CodecSpec
+//       of the round trip
 //   [2] width (% 10: 0 and 9 are invalid)
 //   [3..5] the raw length (LE24, at most 1 MiB)
 // Decode: the payload as the stored record, into exactly the raw length (base: a pattern of
@@ -31,6 +31,7 @@
 #include "engine/codec/codec.h"
 #include "engine/codec/huffman.h"
 #include "engine/codec/piece_codec.h"
+#include "engine/codec/rans.h"
 
 namespace {
 
@@ -82,7 +83,7 @@ void CheckDecodes(const PieceEncoding& enc, Bytes stored, Bytes base, Bytes raw,
 void Decode(const uint8_t* h, Bytes stored) {
   const auto transform = static_cast<Transform>(h[0] % 5);
   const bool bad_base = (h[0] & 0x80) != 0;
-  const auto codec = static_cast<Codec>(h[1] % 5);
+  const auto codec = static_cast<Codec>(h[1] % 6);
   const auto width = static_cast<uint8_t>(h[2] % 10);
   const size_t raw_len = (h[3] | size_t{h[4]} << 8 | size_t{h[5]} << 16) % (kMaxRaw + 1);
   // A base only for the deltas (filling 1 MiB for every input would halve the rate).
@@ -95,6 +96,8 @@ void Decode(const uint8_t* h, Bytes stored) {
   Check(st.ok() || st.IsCorruption(), "DecodePiece: a status other than Corruption");
   st = ckptfs::HuffmanDecode(stored, out.mutable_bytes());
   Check(st.ok() || st.IsCorruption(), "HuffmanDecode: a status other than Corruption");
+  st = ckptfs::RansDecode(stored, out.mutable_bytes());
+  Check(st.ok() || st.IsCorruption(), "RansDecode: a status other than Corruption");
   st = ckptfs::Decompress(codec, stored, out.mutable_bytes());
   Check(st.ok() || st.IsCorruption(), "Decompress: a status other than Corruption");
 }
@@ -178,6 +181,16 @@ void WriteSeeds(const char* dir) {
   }
   write({Transform::kSub, 4, spec.codec},
         ckptfs::EncodeScaledSub(spec, fp32, base, 0.999f).bytes(), fp32.size());
+  // A delta large enough that its high plane is coded with rANS (the header's 64 states pay
+  // from a few kilobytes on).
+  std::vector<float> g(16384);
+  for (size_t i = 0; i < g.size(); ++i) g[i] = std::sin(0.37f * i) * 0.01f;
+  std::vector<float> g2 = g;
+  for (size_t i = 0; i < g2.size(); ++i) g2[i] *= 1.0f + 0.01f * std::sin(1.3f * i);
+  const Bytes wide(reinterpret_cast<const std::byte*>(g2.data()), g2.size() * 4);
+  const Buffer wide_base(Bytes(reinterpret_cast<const std::byte*>(g.data()), g.size() * 4));
+  ckptfs::EncodedPiece p = ckptfs::EncodePiece(spec, wide, 4, &wide_base);
+  write(p.encoding, p.stored_raw() ? wide : p.stored.bytes(), wide.size());
   std::fprintf(stderr, "piece_codec_fuzz: wrote %d seeds to %s\n", n, dir);
 }
 

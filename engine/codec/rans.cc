@@ -1,0 +1,484 @@
+#include "engine/codec/rans.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+
+#include "engine/codec/vector_level.h"
+#include "engine/util/coding.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace ckptfs {
+namespace {
+
+constexpr uint32_t kScale = uint32_t{1} << kRansScaleBits;  // frequencies sum to this
+constexpr uint32_t kMask = kScale - 1;
+constexpr uint32_t kLow = uint32_t{1} << 15;  // states live in [kLow, 2^31)
+constexpr int kStates = 64;
+constexpr size_t kBitmapBytes = 32;
+constexpr size_t kStateBytes = 4 * kStates;
+
+// Quantises a histogram to frequencies that sum to kScale, each present symbol at least 1 and
+// every frequency below kScale (a lone symbol gets a companion of frequency 1). Returns the
+// number of symbols with a frequency.
+int Normalise(const uint32_t counts[256], uint32_t freq[256]) {
+  uint64_t n = 0;
+  int present = 0, lone = 0;
+  for (int s = 0; s < 256; ++s) {
+    n += counts[s];
+    if (counts[s] > 0) {
+      ++present;
+      lone = s;
+    }
+  }
+  std::fill(freq, freq + 256, 0u);
+  if (present == 0) return 0;
+  if (present == 1) {
+    freq[lone] = kScale - 1;
+    freq[(lone + 1) & 255] = 1;
+    return 2;
+  }
+  int64_t sum = 0;
+  int largest = 0;
+  for (int s = 0; s < 256; ++s) {
+    if (counts[s] == 0) continue;
+    const uint64_t f = (uint64_t{counts[s]} * kScale + n / 2) / n;
+    freq[s] = static_cast<uint32_t>(std::max<uint64_t>(1, f));
+    sum += freq[s];
+    if (counts[s] > counts[largest]) largest = s;
+  }
+  // Rounding leaves the sum a little off: the difference goes to (or comes from) the most
+  // frequent symbols, whose cost per unit of frequency is the smallest.
+  int64_t diff = int64_t{kScale} - sum;
+  while (diff != 0) {
+    if (diff > 0) {
+      freq[largest] += static_cast<uint32_t>(diff);
+      diff = 0;
+    } else {
+      int top = -1;
+      for (int s = 0; s < 256; ++s) {
+        if (freq[s] > 1 && (top < 0 || freq[s] > freq[top])) top = s;
+      }
+      const uint32_t take = static_cast<uint32_t>(std::min<int64_t>(-diff, freq[top] - 1));
+      freq[top] -= take;
+      diff += take;
+    }
+  }
+  return present;
+}
+
+size_t HeaderBytes(int present) { return kBitmapBytes + 2 * size_t(present) + kStateBytes; }
+
+// What encoding one symbol takes: the state bound at or above which a word goes out first, and
+// the division x / freq as a multiply by a 32-bit reciprocal and a shift (Granlund and
+// Montgomery; Giesen's rans_byte: exact for every x < 2^31, where states live), folded into
+// x' = x + bias + q * complement = (x / freq) * kScale + x % freq + start.
+struct EncSymbol {
+  uint32_t reciprocal;
+  uint32_t shift;
+  uint32_t x_max;
+  uint32_t bias;
+  uint32_t complement;
+};
+
+void EncSymbols(const uint32_t freq[256], EncSymbol sym[256]) {
+  uint32_t start = 0;
+  for (int s = 0; s < 256; ++s) {
+    const uint32_t f = freq[s];
+    EncSymbol& e = sym[s];
+    if (f == 0) {
+      e = {};
+      continue;
+    }
+    e.x_max = ((kLow >> kRansScaleBits) << 16) * f;
+    e.complement = kScale - f;
+    if (f == 1) {
+      // q = x - 1 (x >= kLow > 0), so x' = x + bias + (x - 1)(kScale - 1) = x kScale + start.
+      e.reciprocal = UINT32_MAX;
+      e.shift = 0;
+      e.bias = start + kScale - 1;
+    } else {
+      uint32_t bits = 0;
+      while (f > (uint32_t{1} << bits)) ++bits;
+      e.reciprocal = static_cast<uint32_t>(((uint64_t{1} << (bits + 31)) + f - 1) / f);
+      e.shift = bits - 1;
+      e.bias = start;
+    }
+    start += f;
+  }
+}
+
+inline uint32_t EncodeOne(uint32_t x, const EncSymbol& e) {
+  const uint32_t q = static_cast<uint32_t>((uint64_t{x} * e.reciprocal) >> 32) >> e.shift;
+  return x + e.bias + q * e.complement;
+}
+
+// The decoder's position: the next word, the end of the words, the states.
+struct Stream {
+  const uint8_t* w;
+  const uint8_t* end;
+  uint32_t* x;  // kStates
+};
+
+#if defined(__x86_64__)
+// GCC cloned the decoders specialised to the caller's thread_local table, and the clone fetched
+// the table's address (a call to __tls_get_addr, spilling every vector) once per round.
+#if defined(__clang__)
+#define CKPTFS_NOT_CLONED __attribute__((noinline))
+#else
+#define CKPTFS_NOT_CLONED __attribute__((noinline, noclone))
+#endif
+
+// Whole rounds of kStates symbols decoded as vectors of states (lane j of vector c is state
+// 16c + j, or 8c + j with AVX2): the table lookups as gathers, and the words spread to the lanes
+// that read them in lane order (the order the scalar decoder reads them in). Only the word
+// pointer links the vectors, so their gathers overlap (with 32 states, two vectors of 16, bf16
+// deltas decoded ~20% slower here). Decodes while a round's words can be loaded without a bounds
+// check; returns the symbols decoded. The same bytes as the scalar loop.
+// GCC 12's AVX-512 intrinsics start from a deliberately undefined vector (_mm512_undefined_*),
+// which -Wmaybe-uninitialized reports in every caller.
+#if !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,bmi2"))) CKPTFS_NOT_CLONED size_t
+DecodeRoundsAvx512(const uint32_t* t, Stream* s, uint8_t* out, size_t n) {
+  const __m512i mask = _mm512_set1_epi32(kMask);
+  const __m512i low = _mm512_set1_epi32(kLow);
+  __m512i x[4];
+  for (int c = 0; c < 4; ++c) x[c] = _mm512_load_si512(s->x + 16 * c);
+  const uint8_t* w = s->w;
+  size_t i = 0;
+  for (; i + kStates <= n && s->end - w >= 2 * kStates; i += kStates) {
+    for (int c = 0; c < 4; ++c) {
+      const __m512i slot = _mm512_and_si512(x[c], mask);
+      const __m512i e = _mm512_i32gather_epi32(slot, t, 4);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i + 16 * c), _mm512_cvtepi32_epi8(e));
+      const __m512i next = _mm512_add_epi32(
+          _mm512_mullo_epi32(_mm512_srli_epi32(e, 20), _mm512_srli_epi32(x[c], kRansScaleBits)),
+          _mm512_and_si512(_mm512_srli_epi32(e, 8), mask));
+      const __mmask16 reads = _mm512_cmplt_epu32_mask(next, low);
+      const __m512i words =
+          _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)));
+      x[c] = _mm512_mask_or_epi32(next, reads, _mm512_slli_epi32(next, 16),
+                                  _mm512_maskz_expand_epi32(reads, words));
+      w += 2 * __builtin_popcount(reads);
+    }
+  }
+  for (int c = 0; c < 4; ++c) _mm512_store_si512(s->x + 16 * c, x[c]);
+  s->w = w;
+  return i;
+}
+#if !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+// For each mask of the 8 lanes that read a word: per lane, which of the next 8 words it reads.
+struct WordPermutations {
+  alignas(32) uint32_t index[256][8];
+  WordPermutations() {
+    for (int m = 0; m < 256; ++m) {
+      int k = 0;
+      for (int lane = 0; lane < 8; ++lane) index[m][lane] = m >> lane & 1 ? k++ : 0;
+    }
+  }
+};
+
+__attribute__((target("avx2,bmi2"))) CKPTFS_NOT_CLONED size_t DecodeRoundsAvx2(const uint32_t* t,
+                                                                               Stream* s,
+                                                                               uint8_t* out,
+                                                                               size_t n) {
+  static const WordPermutations perms;
+  const __m256i mask = _mm256_set1_epi32(kMask);
+  const __m256i low_bytes =
+      _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12, -1,
+                       -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m256i halves = _mm256_setr_epi32(0, 4, 1, 1, 1, 1, 1, 1);
+  __m256i x[8];
+  for (int c = 0; c < 8; ++c)
+    x[c] = _mm256_load_si256(reinterpret_cast<const __m256i*>(s->x + 8 * c));
+  const uint8_t* w = s->w;
+  size_t i = 0;
+  for (; i + kStates <= n && s->end - w >= 2 * kStates; i += kStates) {
+    for (int c = 0; c < 8; ++c) {
+      const __m256i slot = _mm256_and_si256(x[c], mask);
+      const __m256i e = _mm256_i32gather_epi32(reinterpret_cast<const int*>(t), slot, 4);
+      const __m256i syms = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(e, low_bytes), halves);
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i + 8 * c), _mm256_castsi256_si128(syms));
+      const __m256i next = _mm256_add_epi32(
+          _mm256_mullo_epi32(_mm256_srli_epi32(e, 20), _mm256_srli_epi32(x[c], kRansScaleBits)),
+          _mm256_and_si256(_mm256_srli_epi32(e, 8), mask));
+      const __m256i reads = _mm256_cmpeq_epi32(_mm256_srli_epi32(next, 15), _mm256_setzero_si256());
+      const int m = _mm256_movemask_ps(_mm256_castsi256_ps(reads));
+      const __m256i words =
+          _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+      const __m256i spread = _mm256_permutevar8x32_epi32(
+          words, _mm256_load_si256(reinterpret_cast<const __m256i*>(perms.index[m])));
+      x[c] = _mm256_blendv_epi8(next, _mm256_or_si256(_mm256_slli_epi32(next, 16), spread), reads);
+      w += 2 * __builtin_popcount(static_cast<unsigned>(m));
+    }
+  }
+  for (int c = 0; c < 8; ++c) _mm256_store_si256(reinterpret_cast<__m256i*>(s->x + 8 * c), x[c]);
+  s->w = w;
+  return i;
+}
+
+// The symbol tables of EncodeRoundsAvx512, gathered by symbol.
+struct EncTables {
+  alignas(64) uint32_t reciprocal[256];
+  alignas(64) uint32_t packed[256];  // bias (bits 0-12), complement (13-24), shift (25-28)
+};
+
+void MakeEncTables(const EncSymbol sym[256], EncTables* t) {
+  for (int s = 0; s < 256; ++s) {
+    t->reciprocal[s] = sym[s].reciprocal;
+    t->packed[s] = sym[s].bias | sym[s].complement << 13 | sym[s].shift << 25;
+  }
+}
+
+// Whole rounds encoded as four vectors of 16 states (states 48..63 first, 0..15 last, as the
+// scalar loop goes: backwards), from the group that ends at `g` down, while a round's words fit
+// above `lowest`: the symbols' reciprocals and packed bias / complement / shift as gathers, the
+// words of the states that write one compressed into lane order and stored below *w. The same bytes
+// as the scalar loop; returns where it stopped (a multiple of kStates).
+#if !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,bmi2"))) size_t EncodeRoundsAvx512(
+    const EncTables& t, const uint8_t* p, size_t g, uint32_t* x_io, uint8_t** w_io,
+    const uint8_t* lowest) {
+  __m512i x[4];
+  for (int c = 0; c < 4; ++c) x[c] = _mm512_load_si512(x_io + 16 * c);
+  const __m512i low13 = _mm512_set1_epi32(0x1fff);
+  const __m512i mask12 = _mm512_set1_epi32(kMask);
+  const __m512i scale = _mm512_set1_epi32(kScale);
+  uint8_t* w = *w_io;
+  for (; g > 0 && w - lowest >= 2 * kStates; g -= kStates) {
+    for (int c = 3; c >= 0; --c) {
+      const __m512i sy = _mm512_cvtepu8_epi32(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + g - kStates + 16 * c)));
+      const __m512i rcp = _mm512_i32gather_epi32(sy, t.reciprocal, 4);
+      const __m512i packed = _mm512_i32gather_epi32(sy, t.packed, 4);
+      const __m512i bias = _mm512_and_si512(packed, low13);
+      const __m512i complement = _mm512_and_si512(_mm512_srli_epi32(packed, 13), mask12);
+      const __m512i shift = _mm512_srli_epi32(packed, 25);
+      const __m512i x_max =
+          _mm512_slli_epi32(_mm512_sub_epi32(scale, complement), 19);  // freq << 19
+      __m512i v = x[c];
+      const __mmask16 out = _mm512_cmpge_epu32_mask(v, x_max);
+      const int count = __builtin_popcount(out);
+      w -= 2 * count;
+      _mm256_mask_storeu_epi16(w, static_cast<__mmask16>((1u << count) - 1),
+                               _mm512_cvtepi32_epi16(_mm512_maskz_compress_epi32(out, v)));
+      v = _mm512_mask_srli_epi32(v, out, v, 16);
+      // q = mulhi(v, rcp) >> shift, the even and odd lanes' 64-bit products put back together.
+      const __m512i even = _mm512_srli_epi64(_mm512_mul_epu32(v, rcp), 32);
+      const __m512i odd = _mm512_mul_epu32(_mm512_srli_epi64(v, 32), _mm512_srli_epi64(rcp, 32));
+      const __m512i q = _mm512_srlv_epi32(_mm512_mask_blend_epi32(0xAAAA, even, odd), shift);
+      x[c] = _mm512_add_epi32(_mm512_add_epi32(v, bias), _mm512_mullo_epi32(q, complement));
+    }
+  }
+  for (int c = 0; c < 4; ++c) _mm512_store_si512(x_io + 16 * c, x[c]);
+  *w_io = w;
+  return g;
+}
+#if !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#endif
+
+}  // namespace
+
+void ByteHistogram(Bytes in, uint32_t counts[256]) {
+  // Four tables, so that runs of one symbol (common in skewed planes) do not serialise on one
+  // counter.
+  uint32_t c[4][256] = {};
+  const auto* p = reinterpret_cast<const uint8_t*>(in.data());
+  const size_t n = in.size();
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    ++c[0][p[i]];
+    ++c[1][p[i + 1]];
+    ++c[2][p[i + 2]];
+    ++c[3][p[i + 3]];
+  }
+  for (; i < n; ++i) ++c[0][p[i]];
+  for (int s = 0; s < 256; ++s) counts[s] = c[0][s] + c[1][s] + c[2][s] + c[3][s];
+}
+
+size_t RansEncodedSize(const uint32_t counts[256]) {
+  uint32_t freq[256];
+  const int present = Normalise(counts, freq);
+  if (present == 0) return SIZE_MAX;
+  double bits = 0;
+  for (int s = 0; s < 256; ++s) {
+    if (counts[s] > 0)
+      bits += counts[s] * (kRansScaleBits - std::log2(static_cast<double>(freq[s])));
+  }
+  // The final states hold ~8 of the bits each (they end between kLow and 2^31).
+  bits = std::max(0.0, bits - 8.0 * kStates);
+  return HeaderBytes(present) + 2 * static_cast<size_t>(std::ceil(bits / 16));
+}
+
+size_t RansEncodeTo(Bytes in, std::byte* dst_bytes, size_t capacity, const uint32_t* counts) {
+  const size_t n = in.size();
+  if (n == 0 || n > UINT32_MAX) return 0;
+  const auto* p = reinterpret_cast<const uint8_t*>(in.data());
+  uint32_t own[256];
+  if (counts == nullptr) {
+    ByteHistogram(in, own);
+    counts = own;
+  }
+  uint32_t freq[256];
+  const int present = Normalise(counts, freq);
+  const size_t header = HeaderBytes(present);
+  const size_t limit = std::min(capacity, n - 1);  // the result must be smaller than the input
+  if (limit <= header) return 0;
+  EncSymbol sym[256];
+  EncSymbols(freq, sym);
+
+  auto* o = reinterpret_cast<uint8_t*>(dst_bytes);
+  // Words go out backwards from the end; the decoder reads them forwards.
+  uint8_t* const lowest = o + header;
+  uint8_t* w = o + limit;
+  alignas(64) uint32_t x[kStates];
+  std::fill(x, x + kStates, kLow);
+  // Returns false where a word would not fit (only checked where the caller has not made sure).
+  auto put = [&](int lane, uint8_t s, bool check) {
+    const EncSymbol& e = sym[s];
+    uint32_t v = x[lane];
+    if (v >= e.x_max) {
+      if (check && w - lowest < 2) return false;
+      w -= 2;
+      PutLE<uint16_t>(w, static_cast<uint16_t>(v));
+      v >>= 16;
+    }
+    x[lane] = EncodeOne(v, e);
+    return true;
+  };
+  // The symbols after the last whole group of kStates, one at a time with a bounds check.
+  const size_t whole = n / kStates * kStates;
+  for (size_t i = n; i-- > whole;) {
+    if (!put(static_cast<int>(i % kStates), p[i], true)) return 0;
+  }
+  // Whole groups while every state may write a word: without branches (whether a state writes
+  // is data, ~1 in 10 symbols on the planes rANS takes: a branch on it mispredicts).
+  size_t g = whole;
+#if defined(__x86_64__)
+  if (CodecVectorLevelInUse() >= CodecVectorLevel::kAvx512) {
+    EncTables tables;
+    MakeEncTables(sym, &tables);
+    g = EncodeRoundsAvx512(tables, p, g, x, &w, lowest);
+  }
+#endif
+  for (; g > 0 && w - lowest >= 2 * kStates; g -= kStates) {
+    const uint8_t* q = p + g - kStates;
+    for (int lane = kStates - 1; lane >= 0; --lane) {
+      const EncSymbol& e = sym[q[lane]];
+      uint32_t v = x[lane];
+      const bool out = v >= e.x_max;
+      PutLE<uint16_t>(w - 2, static_cast<uint16_t>(v));
+      w -= out ? 2 : 0;
+      v = out ? v >> 16 : v;
+      x[lane] = EncodeOne(v, e);
+    }
+  }
+  // The rest, near the end of the room, with a bounds check per word.
+  while (g > 0) {
+    g -= kStates;
+    for (int lane = kStates - 1; lane >= 0; --lane) {
+      if (!put(lane, p[g + lane], true)) return 0;
+    }
+  }
+  const size_t words = static_cast<size_t>(o + limit - w);
+  std::memmove(lowest, w, words);
+
+  std::memset(o, 0, kBitmapBytes);
+  uint8_t* f = o + kBitmapBytes;
+  for (int s = 0; s < 256; ++s) {
+    if (freq[s] == 0) continue;
+    o[s / 8] = static_cast<uint8_t>(o[s / 8] | 1u << (s % 8));
+    PutLE<uint16_t>(f, static_cast<uint16_t>(freq[s]));
+    f += 2;
+  }
+  for (int lane = 0; lane < kStates; ++lane) PutLE<uint32_t>(f + 4 * lane, x[lane]);
+  return header + words;
+}
+
+Status RansDecode(Bytes stored, MutableBytes out_bytes) {
+  const auto* in = reinterpret_cast<const uint8_t*>(stored.data());
+  const size_t size = stored.size();
+  if (size < kBitmapBytes) return Status::Corruption("rans: header is truncated");
+  int present = 0;
+  for (size_t b = 0; b < kBitmapBytes; ++b) present += __builtin_popcount(in[b]);
+  const size_t header = HeaderBytes(present);
+  if (size < header) return Status::Corruption("rans: header is truncated");
+
+  // The decoding table: per slot of [0, kScale), the symbol (bits 0-7), the slot's offset from
+  // the symbol's start (8-19) and the symbol's frequency (20-31).
+  thread_local std::array<uint32_t, kScale> table;
+  uint32_t start = 0;
+  const uint8_t* f = in + kBitmapBytes;
+  for (int s = 0; s < 256; ++s) {
+    if (!(in[s / 8] >> (s % 8) & 1)) continue;
+    const uint32_t freq = GetLE<uint16_t>(f);
+    f += 2;
+    if (freq == 0 || freq >= kScale || start + freq > kScale) {
+      return Status::Corruption("rans: bad frequency table");
+    }
+    for (uint32_t k = 0; k < freq; ++k) {
+      table[start + k] = static_cast<uint32_t>(s) | k << 8 | freq << 20;
+    }
+    start += freq;
+  }
+  if (start != kScale) return Status::Corruption("rans: frequencies do not sum to the scale");
+  alignas(64) uint32_t x[kStates];
+  for (int lane = 0; lane < kStates; ++lane) {
+    x[lane] = GetLE<uint32_t>(f + 4 * lane);
+    if (x[lane] < kLow || x[lane] >> 31 != 0) {
+      return Status::Corruption("rans: a state is out of range");
+    }
+  }
+  Stream s{in + header, in + size, x};
+  if ((s.end - s.w) % 2 != 0) return Status::Corruption("rans: odd stream length");
+
+  auto* out = reinterpret_cast<uint8_t*>(out_bytes.data());
+  const size_t n = out_bytes.size();
+  size_t i = 0;
+#if defined(__x86_64__)
+  if (CodecVectorLevelInUse() >= CodecVectorLevel::kAvx512) {
+    i = DecodeRoundsAvx512(table.data(), &s, out, n);
+  } else if (CodecVectorLevelInUse() >= CodecVectorLevel::kAvx2) {
+    i = DecodeRoundsAvx2(table.data(), &s, out, n);
+  }
+#endif
+  const uint32_t* t = table.data();
+  const uint8_t* w = s.w;
+  const uint8_t* const end = s.end;
+  // The rest (and everything without AVX2), a symbol at a time, with a bounds check per word.
+  for (; i < n; ++i) {
+    const int lane = static_cast<int>(i % kStates);
+    const uint32_t v = x[lane];
+    const uint32_t e = t[v & kMask];
+    out[i] = static_cast<uint8_t>(e);
+    uint32_t next = (e >> 20) * (v >> kRansScaleBits) + (e >> 8 & kMask);
+    if (next < kLow) {
+      if (end - w < 2) return Status::Corruption("rans: the stream ends early");
+      next = next << 16 | GetLE<uint16_t>(w);
+      w += 2;
+    }
+    x[lane] = next;
+  }
+  if (w != end) return Status::Corruption("rans: words left after the last symbol");
+  for (int lane = 0; lane < kStates; ++lane) {
+    if (x[lane] != kLow) return Status::Corruption("rans: a state does not end where it began");
+  }
+  return Status::OK();
+}
+
+}  // namespace ckptfs

@@ -1,0 +1,200 @@
+#include "engine/codec/rans.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "engine/codec/huffman.h"
+#include "engine/codec/vector_level.h"
+
+namespace ckptfs {
+namespace {
+
+Buffer Skewed(size_t n, double spread, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<double> d(120.0, spread);
+  Buffer b(n);
+  for (size_t i = 0; i < n; ++i) {
+    b.data()[i] = static_cast<std::byte>(static_cast<uint8_t>(std::lround(d(rng))));
+  }
+  return b;
+}
+
+// A plane like the top plane of a training step's delta: mostly zeros, some small values.
+Buffer DeltaTop(size_t n, double p_zero, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> u(0, 1);
+  std::geometric_distribution<int> g(0.5);
+  Buffer b(n);
+  for (size_t i = 0; i < n; ++i) {
+    const int v = u(rng) < p_zero ? 0 : std::min(255, 1 + g(rng));
+    b.data()[i] = static_cast<std::byte>(v);
+  }
+  return b;
+}
+
+size_t Encode(const Buffer& in, Buffer* enc) {
+  enc->Resize(in.size());
+  const size_t n = RansEncodeTo(in.bytes(), enc->data(), enc->size());
+  enc->Resize(n);
+  return n;
+}
+
+void ExpectRoundTrip(const Buffer& in) {
+  Buffer enc;
+  if (Encode(in, &enc) == 0) return;  // did not shrink: nothing to decode
+  EXPECT_LT(enc.size(), in.size());
+  Buffer back(in.size());
+  ASSERT_TRUE(RansDecode(enc.bytes(), back.mutable_bytes()).ok()) << in.size();
+  ASSERT_EQ(0, std::memcmp(back.data(), in.data(), in.size())) << in.size();
+}
+
+double EntropyBytes(const Buffer& in) {
+  uint32_t counts[256];
+  ByteHistogram(in.bytes(), counts);
+  return HistogramEntropyBits(counts) * static_cast<double>(in.size()) / 8;
+}
+
+TEST(RansTest, RoundTripsEverySizeAndShape) {
+  for (size_t n : {1, 2, 3, 7, 8, 9, 15, 16, 17, 63, 64, 65, 100, 1000, 4099, 65536, 262147}) {
+    for (double spread : {0.0, 0.3, 1.0, 3.0, 20.0}) {
+      SCOPED_TRACE(std::to_string(n) + " spread " + std::to_string(spread));
+      ExpectRoundTrip(Skewed(n, spread, static_cast<uint32_t>(n)));
+    }
+    for (double p_zero : {0.5, 0.9, 0.999}) ExpectRoundTrip(DeltaTop(n, p_zero, 7));
+  }
+}
+
+TEST(RansTest, StoresWithinAFewTenthsOfAPercentOfTheEntropy) {
+  for (double p_zero : {0.6, 0.8, 0.95}) {
+    const Buffer in = DeltaTop(1 << 19, p_zero, 11);
+    Buffer enc;
+    ASSERT_GT(Encode(in, &enc), 0u);
+    const double entropy = EntropyBytes(in);
+    EXPECT_LT(static_cast<double>(enc.size()), entropy * 1.005 + 400) << p_zero;  // + header
+    // Huffman spends at least a bit per byte: on such planes rANS is the smaller.
+    EXPECT_LT(enc.size(), HuffmanEncodedSize(in.bytes())) << p_zero;
+    // The estimate the codec chooses by is close to the size written.
+    uint32_t counts[256];
+    ByteHistogram(in.bytes(), counts);
+    EXPECT_NEAR(static_cast<double>(RansEncodedSize(counts)), static_cast<double>(enc.size()),
+                64.0);
+  }
+}
+
+TEST(RansTest, ConstantInputCostsAlmostNothing) {
+  Buffer in(80000);
+  std::memset(in.data(), 0x3f, in.size());
+  Buffer enc;
+  ASSERT_GT(Encode(in, &enc), 0u);
+  EXPECT_LE(enc.size(), 300u);  // the table and the 64 states
+  ExpectRoundTrip(in);
+  std::memset(in.data(), 0xff, in.size());  // the companion symbol wraps to 0
+  ExpectRoundTrip(in);
+}
+
+TEST(RansTest, EveryByteValueAndRareSymbols) {
+  // All 256 symbols, most of them once: rounding gives them frequency 1 and takes it back from
+  // the frequent ones.
+  std::vector<uint8_t> v(200000, 0);
+  for (int s = 0; s < 256; ++s) v[static_cast<size_t>(s) * 700] = static_cast<uint8_t>(s);
+  for (size_t i = 1; i < v.size(); i += 3) v[i] = 1;
+  ExpectRoundTrip(Buffer(Bytes(reinterpret_cast<const std::byte*>(v.data()), v.size())));
+}
+
+TEST(RansTest, RefusesWhatDoesNotShrinkOrFit) {
+  std::mt19937 rng(5);
+  Buffer noise(100000);
+  for (size_t i = 0; i < noise.size(); ++i) noise.data()[i] = static_cast<std::byte>(rng());
+  Buffer enc(noise.size());
+  EXPECT_EQ(0u, RansEncodeTo(noise.bytes(), enc.data(), enc.size()));
+  const Buffer in = DeltaTop(100000, 0.9, 3);
+  ASSERT_GT(Encode(in, &enc), 0u);
+  Buffer small(enc.size() - 1);
+  EXPECT_EQ(0u, RansEncodeTo(in.bytes(), small.data(), small.size()));
+  Buffer exact(enc.size());
+  EXPECT_EQ(enc.size(), RansEncodeTo(in.bytes(), exact.data(), exact.size()));
+}
+
+TEST(RansTest, RoundTripsRandomDistributions) {
+  // Random alphabets and skews: every frequency from 1 to 4095 turns up, which exercises the
+  // encoder's reciprocal division against the decoder's multiply.
+  std::mt19937 rng(21);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int symbols = 2 + static_cast<int>(rng() % 255);
+    const double skew = std::uniform_real_distribution<double>(0.2, 3.0)(rng);
+    std::vector<double> weights(static_cast<size_t>(symbols));
+    for (int s = 0; s < symbols; ++s) weights[static_cast<size_t>(s)] = std::pow(s + 1.0, -skew);
+    std::discrete_distribution<int> d(weights.begin(), weights.end());
+    const uint8_t offset = static_cast<uint8_t>(rng());
+    Buffer in(1 + rng() % 20000);
+    for (size_t i = 0; i < in.size(); ++i) {
+      in.data()[i] = static_cast<std::byte>(static_cast<uint8_t>(d(rng) + offset));
+    }
+    SCOPED_TRACE(std::to_string(trial));
+    ExpectRoundTrip(in);
+  }
+}
+
+TEST(RansTest, EveryVectorLevelWritesAndReadsTheSameBytes) {
+  const CodecVectorLevel before = CapCodecVectorLevelForTesting(CodecVectorLevel::kAvx512);
+  for (size_t n : {size_t{3001}, size_t{4097}, size_t{1} << 19, (size_t{1} << 19) + 63}) {
+    const Buffer in = DeltaTop(n, 0.7, static_cast<uint32_t>(n));
+    std::vector<Buffer> encoded;
+    for (CodecVectorLevel level :
+         {CodecVectorLevel::kBaseline, CodecVectorLevel::kAvx2, CodecVectorLevel::kAvx512}) {
+      CapCodecVectorLevelForTesting(level);
+      Buffer enc;
+      ASSERT_GT(Encode(in, &enc), 0u);
+      encoded.push_back(std::move(enc));
+      for (const Buffer& e : encoded) {  // every level reads what every level wrote
+        Buffer back(in.size());
+        ASSERT_TRUE(RansDecode(e.bytes(), back.mutable_bytes()).ok());
+        ASSERT_EQ(0, std::memcmp(back.data(), in.data(), in.size())) << n;
+      }
+    }
+    for (const Buffer& e : encoded) {
+      ASSERT_EQ(e.size(), encoded[0].size());
+      EXPECT_EQ(0, std::memcmp(e.data(), encoded[0].data(), e.size())) << n;
+    }
+  }
+  CapCodecVectorLevelForTesting(before);
+}
+
+TEST(RansTest, MalformedStreamsAreCorruptionNeverACrash) {
+  const Buffer in = DeltaTop(50000, 0.8, 9);
+  Buffer enc;
+  ASSERT_GT(Encode(in, &enc), 0u);
+  Buffer back(in.size());
+  // Every truncation.
+  for (size_t len = 0; len < enc.size(); len += (len < 200 ? 1 : 97)) {
+    EXPECT_FALSE(RansDecode(enc.bytes().first(len), back.mutable_bytes()).ok()) << len;
+  }
+  // A longer stream, a wrong output length.
+  Buffer longer(enc.size() + 2);
+  std::memcpy(longer.data(), enc.data(), enc.size());
+  std::memset(longer.data() + enc.size(), 0, 2);
+  EXPECT_FALSE(RansDecode(longer.bytes(), back.mutable_bytes()).ok());
+  Buffer shorter(in.size() - 1);
+  EXPECT_FALSE(RansDecode(enc.bytes(), shorter.mutable_bytes()).ok());
+  // Flipped bits anywhere: an error or bytes of the right length, never a crash; in the table
+  // and the states always an error.
+  std::mt19937 rng(1);
+  for (int trial = 0; trial < 2000; ++trial) {
+    Buffer bad(enc.size());
+    std::memcpy(bad.data(), enc.data(), enc.size());
+    const size_t at = trial < 600 ? trial % 100 : rng() % bad.size();
+    bad.data()[at] ^= static_cast<std::byte>(1u << (rng() % 8));
+    (void)RansDecode(bad.bytes(), back.mutable_bytes());
+  }
+  Buffer bad_table(enc.size());
+  std::memcpy(bad_table.data(), enc.data(), enc.size());
+  bad_table.data()[33] ^= std::byte{0x40};  // a frequency: the sum is off
+  EXPECT_FALSE(RansDecode(bad_table.bytes(), back.mutable_bytes()).ok());
+}
+
+}  // namespace
+}  // namespace ckptfs
