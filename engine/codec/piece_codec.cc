@@ -746,31 +746,32 @@ void ApplyTopModel(uint8_t* top, size_t n, size_t period, size_t phase, const ui
 constexpr double kRawAboveBits = 7.5;
 constexpr double kTryCodecBelowBits = 0.5;
 
-// rANS (rans.h) against Huffman, for the planes of deltas only: below kRansBelowBits sampled
-// bits per byte a plane's full histogram gives both sizes, and rANS is taken where it stores at
-// least kRansMinGain less. Huffman spends at least a bit per byte and up to ~0.5 bit over the
-// entropy on the top planes of deltas (1-2 bits), ~0.1 bit on exponent planes (2.5-3 bits),
-// little above; rANS decodes a symbol per lookup where Huffman's table gives several on such
-// planes. Whole pieces (the newest version, which a restore reads) keep Huffman's speed; deltas
-// are read only for older versions. Chosen by measurement (docs/engine.md, "rANS").
+// rANS (rans.h) for the planes of deltas only, where it pays for its speed: below
+// kRansBelowBits sampled bits per byte a plane's full histogram gives its size and Huffman's,
+// and rANS is taken where it stores at least kRansMinSavedBits per byte less than Huffman and
+// than the block codec (whichever is smaller). Huffman spends at least a bit per byte and up to
+// ~0.5 bit over the entropy on the top planes of deltas (1-2 bits); but rANS decodes a symbol per
+// table lookup (~0.8 ns per byte here) where Huffman's table gives up to four and lz4 copies
+// runs, so a plane must gain a quarter of a bit per byte for it: on planes that are nearly all
+// zeros (a tiny update) it saved ~2% of a small record at a fifth of the decoding speed. Whole
+// pieces (the newest version, which a restore reads) keep Huffman; deltas are read only for
+// older versions. Chosen by measurement (docs/engine.md, "rANS for the planes of deltas").
 constexpr double kRansBelowBits = 4.0;
-constexpr double kRansMinGain = 0.02;
+constexpr double kRansMinSavedBits = 0.25;
 
-// The coder PutSegment uses for a plane of `bits` sampled bits per byte, and its stored size
-// (within a few bytes).
-struct EntropyChoice {
-  Codec codec;
-  size_t size;
-};
-EntropyChoice ChooseEntropyCoder(Bytes segment, double bits, uint32_t counts[256]) {
-  if (bits >= kRansBelowBits) return {Codec::kHuffman, HuffmanEncodedSize(segment)};
-  ByteHistogram(segment, counts);
-  const size_t huffman = HuffmanEncodedSizeOfCounts(counts);
-  const size_t rans = RansEncodedSize(counts);
-  if (static_cast<double>(rans) <= static_cast<double>(huffman) * (1 - kRansMinGain)) {
-    return {Codec::kRans, rans};
+// Whether rANS is worth its speed for `segment` (a delta's plane of `bits` sampled bits per byte)
+// against the `best` size another coding gave it so far; `counts` gets the plane's histogram.
+bool RansPays(Bytes segment, double bits, size_t best, uint32_t counts[256]) {
+  const double margin = kRansMinSavedBits / 8 * static_cast<double>(segment.size());
+  // Cheap refusals first: rANS cannot beat its header, nor, going by the sample at half its
+  // word, the plane's entropy.
+  if (bits >= kRansBelowBits ||
+      static_cast<double>(best) < kRansMinEncodedBytes + bits * segment.size() / 16 + margin) {
+    return false;
   }
-  return {Codec::kHuffman, huffman};
+  ByteHistogram(segment, counts);
+  const size_t other = std::min(best, HuffmanEncodedSizeOfCounts(counts));
+  return static_cast<double>(RansEncodedSize(counts)) + margin <= static_cast<double>(other);
 }
 
 // Whether rotating each element left by one bit makes the planes of `raw` (width 2 or 4)
@@ -851,8 +852,7 @@ void PutSegment(const CodecSpec& spec, Bytes segment, bool delta, Buffer* out) {
         }
       }
       uint32_t counts[256];
-      if (stored > 0 && delta && bits < kRansBelowBits &&
-          ChooseEntropyCoder(segment, bits, counts).codec == Codec::kRans) {
+      if (delta && stored > 0 && RansPays(segment, bits, stored, counts)) {
         // The coder writes before it knows whether it fits: not over the block codec's bytes.
         thread_local Buffer scratch;
         std::byte* dst = body;
@@ -867,7 +867,8 @@ void PutSegment(const CodecSpec& spec, Bytes segment, bool delta, Buffer* out) {
           stored = n;
         }
       }
-      if (stored > 0 && codec != Codec::kRans) {
+      // Huffman spends at least a bit per byte: not tried where the block codec did better.
+      if (stored > segment.size() / 8 && codec != Codec::kRans) {
         const size_t n = HuffmanEncodeTo(segment, body, stored - 1);
         if (n > 0) {
           codec = Codec::kHuffman;
@@ -895,14 +896,14 @@ size_t SegmentSize(const CodecSpec& spec, Bytes segment, bool delta, Buffer* scr
   if (!spec.entropy) return TryCompress(spec, segment, scratch) ? scratch->size() : segment.size();
   const double bits = EstimateEntropyBits(segment);
   if (bits > kRawAboveBits) return segment.size();
-  uint32_t counts[256];
-  size_t best = std::min(segment.size(), delta ? ChooseEntropyCoder(segment, bits, counts).size
-                                               : HuffmanEncodedSize(segment));
+  size_t best = segment.size();
   if (bits < kTryCodecBelowBits && spec.codec != Codec::kNone &&
       TryCompress(spec, segment, scratch)) {
-    best = std::min(best, scratch->size());
+    best = scratch->size();
   }
-  return best;
+  uint32_t counts[256];
+  if (delta && RansPays(segment, bits, best, counts)) return RansEncodedSize(counts);
+  return std::min(best, HuffmanEncodedSize(segment));
 }
 
 // The size of the container PackSegments would write.

@@ -18,7 +18,7 @@ namespace {
 constexpr uint32_t kScale = uint32_t{1} << kRansScaleBits;  // frequencies sum to this
 constexpr uint32_t kMask = kScale - 1;
 constexpr uint32_t kLow = uint32_t{1} << 15;  // states live in [kLow, 2^31)
-constexpr int kStates = 64;
+constexpr int kStates = kRansStates;
 constexpr size_t kBitmapBytes = 32;
 constexpr size_t kStateBytes = 4 * kStates;
 

@@ -35,6 +35,9 @@
 namespace ckptfs {
 
 inline constexpr int kRansScaleBits = 12;
+inline constexpr int kRansStates = 64;
+// No encoding is smaller: the bitmap, two frequencies and the states.
+inline constexpr size_t kRansMinEncodedBytes = 32 + 2 * 2 + 4 * kRansStates;
 
 // Counts the bytes of `in` into counts[256] (which it zeroes first).
 void ByteHistogram(Bytes in, uint32_t counts[256]);
