@@ -258,7 +258,9 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,bmi2"))) size_t E
   const __m512i mask12 = _mm512_set1_epi32(kMask);
   const __m512i scale = _mm512_set1_epi32(kScale);
   uint8_t* w = *w_io;
-  for (; g > 0 && w - lowest >= 2 * kStates; g -= kStates) {
+  // A round writes at most 2 * kStates bytes, and each vector's store reaches 32 bytes below its
+  // words.
+  for (; g > 0 && w - lowest >= 2 * kStates + 32; g -= kStates) {
     for (int c = 3; c >= 0; --c) {
       const __m512i sy = _mm512_cvtepu8_epi32(
           _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + g - kStates + 16 * c)));
@@ -271,10 +273,18 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,bmi2"))) size_t E
           _mm512_slli_epi32(_mm512_sub_epi32(scale, complement), 19);  // freq << 19
       __m512i v = x[c];
       const __mmask16 out = _mm512_cmpge_epu32_mask(v, x_max);
+      // The words compressed into lane order, rotated to the top lanes and stored as 32 bytes
+      // ending at *w (a masked store of just the words is slow on this CPU): the bytes below
+      // them are room the stream has not used yet.
       const int count = __builtin_popcount(out);
+      const __m512i rotate = _mm512_and_si512(
+          _mm512_add_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                           _mm512_set1_epi32(count)),
+          _mm512_set1_epi32(15));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(w - 32),
+                          _mm512_cvtepi32_epi16(_mm512_permutexvar_epi32(
+                              rotate, _mm512_maskz_compress_epi32(out, v))));
       w -= 2 * count;
-      _mm256_mask_storeu_epi16(w, static_cast<__mmask16>((1u << count) - 1),
-                               _mm512_cvtepi32_epi16(_mm512_maskz_compress_epi32(out, v)));
       v = _mm512_mask_srli_epi32(v, out, v, 16);
       // q = mulhi(v, rcp) >> shift, the even and odd lanes' 64-bit products put back together.
       const __m512i even = _mm512_srli_epi64(_mm512_mul_epu32(v, rcp), 32);
@@ -290,6 +300,77 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,bmi2"))) size_t E
 #if !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
+
+// For each mask of the 8 lanes that write a word: the lanes, in order, gathered to the top of
+// the vector (the rest below them), so that the words end where the stream's free room ends.
+struct WordCompressions {
+  alignas(32) uint32_t index[256][8];
+  WordCompressions() {
+    for (int m = 0; m < 256; ++m) {
+      const int count = __builtin_popcount(static_cast<unsigned>(m));
+      int k = 8 - count;
+      for (int lane = 0; lane < 8; ++lane) index[m][lane] = 0;
+      for (int lane = 0; lane < 8; ++lane) {
+        if (m >> lane & 1) index[m][k++] = static_cast<uint32_t>(lane);
+      }
+    }
+  }
+};
+
+// EncodeRoundsAvx512 with AVX2: eight vectors of 8 states; a vector's words are compressed to
+// the top of 16 bytes by a permutation and stored as a whole at *w - 16, whose bytes below the
+// words are room the stream has not used yet. The same bytes as the scalar loop.
+__attribute__((target("avx2,bmi2"))) size_t EncodeRoundsAvx2(const EncTables& t, const uint8_t* p,
+                                                             size_t g, uint32_t* x_io,
+                                                             uint8_t** w_io,
+                                                             const uint8_t* lowest) {
+  static const WordCompressions compress;
+  __m256i x[8];
+  for (int c = 0; c < 8; ++c) {
+    x[c] = _mm256_load_si256(reinterpret_cast<const __m256i*>(x_io + 8 * c));
+  }
+  const __m256i low13 = _mm256_set1_epi32(0x1fff);
+  const __m256i mask12 = _mm256_set1_epi32(kMask);
+  const __m256i scale = _mm256_set1_epi32(kScale);
+  // The low 16 bits of each 32-bit lane, packed into the low 8 bytes of each 128-bit half.
+  const __m256i words16 =
+      _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1, 0, 1, 4, 5, 8, 9,
+                       12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
+  uint8_t* w = *w_io;
+  // A round writes at most 2 * kStates bytes, and each vector's store reaches 16 bytes below
+  // its words.
+  for (; g > 0 && w - lowest >= 2 * kStates + 16; g -= kStates) {
+    for (int c = 7; c >= 0; --c) {
+      const __m256i sy = _mm256_cvtepu8_epi32(
+          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + g - kStates + 8 * c)));
+      const __m256i rcp = _mm256_i32gather_epi32(reinterpret_cast<const int*>(t.reciprocal), sy, 4);
+      const __m256i packed = _mm256_i32gather_epi32(reinterpret_cast<const int*>(t.packed), sy, 4);
+      const __m256i bias = _mm256_and_si256(packed, low13);
+      const __m256i complement = _mm256_and_si256(_mm256_srli_epi32(packed, 13), mask12);
+      const __m256i shift = _mm256_srli_epi32(packed, 25);
+      const __m256i x_max = _mm256_slli_epi32(_mm256_sub_epi32(scale, complement), 19);
+      __m256i v = x[c];
+      // States and bounds are below 2^31: a signed compare is the unsigned one.
+      const __m256i out = _mm256_xor_si256(_mm256_cmpgt_epi32(x_max, v), _mm256_set1_epi32(-1));
+      const int m = _mm256_movemask_ps(_mm256_castsi256_ps(out));
+      const __m256i top = _mm256_permutevar8x32_epi32(
+          v, _mm256_load_si256(reinterpret_cast<const __m256i*>(compress.index[m])));
+      const __m256i halves = _mm256_shuffle_epi8(top, words16);
+      const __m128i packed16 =
+          _mm256_castsi256_si128(_mm256_permute4x64_epi64(halves, 0x08));  // halves' low qwords
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(w - 16), packed16);
+      w -= 2 * __builtin_popcount(static_cast<unsigned>(m));
+      v = _mm256_blendv_epi8(v, _mm256_srli_epi32(v, 16), out);
+      const __m256i even = _mm256_srli_epi64(_mm256_mul_epu32(v, rcp), 32);
+      const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(v, 32), _mm256_srli_epi64(rcp, 32));
+      const __m256i q = _mm256_srlv_epi32(_mm256_blend_epi32(even, odd, 0xAA), shift);
+      x[c] = _mm256_add_epi32(_mm256_add_epi32(v, bias), _mm256_mullo_epi32(q, complement));
+    }
+  }
+  for (int c = 0; c < 8; ++c) _mm256_store_si256(reinterpret_cast<__m256i*>(x_io + 8 * c), x[c]);
+  *w_io = w;
+  return g;
+}
 #endif
 
 }  // namespace
@@ -370,10 +451,12 @@ size_t RansEncodeTo(Bytes in, std::byte* dst_bytes, size_t capacity, const uint3
   // is data, ~1 in 10 symbols on the planes rANS takes: a branch on it mispredicts).
   size_t g = whole;
 #if defined(__x86_64__)
-  if (CodecVectorLevelInUse() >= CodecVectorLevel::kAvx512) {
+  if (CodecVectorLevelInUse() >= CodecVectorLevel::kAvx2) {
     EncTables tables;
     MakeEncTables(sym, &tables);
-    g = EncodeRoundsAvx512(tables, p, g, x, &w, lowest);
+    g = CodecVectorLevelInUse() >= CodecVectorLevel::kAvx512
+            ? EncodeRoundsAvx512(tables, p, g, x, &w, lowest)
+            : EncodeRoundsAvx2(tables, p, g, x, &w, lowest);
   }
 #endif
   for (; g > 0 && w - lowest >= 2 * kStates; g -= kStates) {
