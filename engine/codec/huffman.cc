@@ -434,6 +434,23 @@ double HistogramEntropyBits(const uint32_t counts[256]) {
   return std::log2(static_cast<double>(m)) - sum / static_cast<double>(m);
 }
 
+void ByteHistogram(Bytes in, uint32_t counts[256]) {
+  // Four tables, so that runs of one symbol (common in skewed planes) do not serialise on one
+  // counter.
+  uint32_t c[4][256] = {};
+  const auto* p = reinterpret_cast<const uint8_t*>(in.data());
+  const size_t n = in.size();
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    ++c[0][p[i]];
+    ++c[1][p[i + 1]];
+    ++c[2][p[i + 2]];
+    ++c[3][p[i + 3]];
+  }
+  for (; i < n; ++i) ++c[0][p[i]];
+  for (int s = 0; s < 256; ++s) counts[s] = c[0][s] + c[1][s] + c[2][s] + c[3][s];
+}
+
 double EstimateEntropyBits(Bytes in, size_t sample) {
   if (in.empty() || sample == 0) return 0;
   const size_t stride = std::max<size_t>(1, in.size() / sample);

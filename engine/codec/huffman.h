@@ -38,6 +38,9 @@ double EstimateEntropyBits(Bytes in, size_t sample = 4096);
 // Shannon entropy in bits per symbol of a byte histogram (0 for an empty one).
 double HistogramEntropyBits(const uint32_t counts[256]);
 
+// Counts the bytes of `in` into counts[256] (which it zeroes first).
+void ByteHistogram(Bytes in, uint32_t counts[256]);
+
 // Encodes `in` (non-empty) into `out`; returns false, leaving `out` unspecified, when the
 // result would not be smaller than `in`.
 bool HuffmanEncode(Bytes in, Buffer* out);

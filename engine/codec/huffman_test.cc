@@ -7,18 +7,10 @@
 #include <random>
 #include <vector>
 
+#include "engine/util/test_buffers.h"
+
 namespace ckptfs {
 namespace {
-
-Buffer Skewed(size_t n, double spread, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<double> d(120.0, spread);
-  Buffer b(n);
-  for (size_t i = 0; i < n; ++i) {
-    b.data()[i] = static_cast<std::byte>(static_cast<uint8_t>(std::lround(d(rng))));
-  }
-  return b;
-}
 
 void ExpectRoundTrip(const Buffer& in) {
   Buffer enc;
@@ -33,7 +25,7 @@ TEST(HuffmanTest, RoundTripsEverySizeAndShape) {
   for (size_t n : {1, 2, 3, 4, 5, 7, 15, 16, 17, 63, 64, 65, 100, 1000, 4099, 65536, 262147}) {
     for (double spread : {0.0, 0.3, 1.0, 3.0, 20.0}) {
       SCOPED_TRACE(std::to_string(n) + " spread " + std::to_string(spread));
-      ExpectRoundTrip(Skewed(n, spread, static_cast<uint32_t>(n)));
+      ExpectRoundTrip(SkewedBuffer(n, spread, static_cast<uint32_t>(n)));
     }
   }
 }
@@ -65,11 +57,11 @@ TEST(HuffmanTest, RandomBytesDoNotShrink) {
   Buffer enc;
   EXPECT_FALSE(HuffmanEncode(in.bytes(), &enc));
   EXPECT_GT(EstimateEntropyBits(in.bytes()), 7.8);
-  EXPECT_LT(EstimateEntropyBits(Skewed(1 << 16, 1.0, 1).bytes()), 3.0);
+  EXPECT_LT(EstimateEntropyBits(SkewedBuffer(1 << 16, 1.0, 1).bytes()), 3.0);
 }
 
 TEST(HuffmanTest, TruncatedOrWrongLengthIsCorruption) {
-  Buffer in = Skewed(50000, 2.0, 9);
+  Buffer in = SkewedBuffer(50000, 2.0, 9);
   Buffer enc;
   ASSERT_TRUE(HuffmanEncode(in.bytes(), &enc));
   Buffer back(in.size());
@@ -83,7 +75,7 @@ TEST(HuffmanTest, TruncatedOrWrongLengthIsCorruption) {
 }
 
 TEST(HuffmanTest, CorruptedStreamsNeverCrashAndBadTablesAreRejected) {
-  Buffer in = Skewed(30000, 2.0, 11);
+  Buffer in = SkewedBuffer(30000, 2.0, 11);
   Buffer enc;
   ASSERT_TRUE(HuffmanEncode(in.bytes(), &enc));
   std::mt19937 rng(13);
@@ -113,7 +105,7 @@ TEST(HuffmanTest, StreamsOfRunsAndOfNoiseRoundTrip) {
   for (size_t n : {size_t{4000}, size_t{65536}, size_t{262147}}) {
     for (int runs_in : {0, 1, 2, 3}) {
       SCOPED_TRACE(std::to_string(n) + " runs in stream " + std::to_string(runs_in));
-      Buffer in = Skewed(n, 20.0, static_cast<uint32_t>(n + runs_in));
+      Buffer in = SkewedBuffer(n, 20.0, static_cast<uint32_t>(n + runs_in));
       const size_t run = (n + 3) / 4;
       std::memset(in.data() + run * runs_in, 120, std::min(run, n - run * runs_in));
       ExpectRoundTrip(in);

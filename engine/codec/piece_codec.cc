@@ -550,21 +550,6 @@ void AddDips(const uint8_t* x, size_t max_lag, std::vector<uint32_t>* out) {
   if (smallest != 0) add(smallest);
 }
 
-// Adds the byte counts of in[0, n) to hist, in four tables: the residual is a few values, and
-// one table makes each count wait for the previous one.
-void CountBytes(const uint8_t* in, size_t n, uint32_t hist[256]) {
-  uint32_t part[4][256] = {};
-  size_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    ++part[0][in[i]];
-    ++part[1][in[i + 1]];
-    ++part[2][in[i + 2]];
-    ++part[3][in[i + 3]];
-  }
-  for (; i < n; ++i) ++part[0][in[i]];
-  for (size_t v = 0; v < 256; ++v) hist[v] += part[0][v] + part[1][v] + part[2][v] + part[3][v];
-}
-
 // The sum of t[k] - c[k] over k < len (<= kModelMaxPeriod).
 int32_t RowExcess(const uint8_t* __restrict t, const uint8_t* __restrict c, size_t len) {
   int32_t s = 0;
@@ -583,8 +568,8 @@ void SubtractTermsInPlace(uint8_t* __restrict t, const uint8_t* __restrict c, ui
 
 // Fits the row/column model of period p to top[0, n) (n >= 2p): p column terms and then one
 // term per row into `terms`, the residual into `res` (which may be `top`). The phase is searched
-// for where `phase` is kSearchPhase. Returns the phase; counts the residual's bytes into `hist` if
-// not null.
+// for where `phase` is kSearchPhase. Returns the phase; the residual's byte histogram into `hist`
+// if not null.
 constexpr size_t kSearchPhase = SIZE_MAX;
 size_t FitModel(const uint8_t* top, size_t n, size_t p, size_t phase, Buffer* terms, uint8_t* res,
                 uint32_t* hist) {
@@ -643,7 +628,7 @@ size_t FitModel(const uint8_t* top, size_t n, size_t p, size_t phase, Buffer* te
       SubtractTerms(top + at, col + column, term, len, res + at);
     }
   });
-  if (hist != nullptr) CountBytes(res, n, hist);
+  if (hist != nullptr) ByteHistogram(Bytes(reinterpret_cast<const std::byte*>(res), n), hist);
   return phase;
 }
 
@@ -676,15 +661,14 @@ inline TopModel FitTopModelBody(uint8_t* top, size_t n) {
   auto* res = reinterpret_cast<uint8_t*>(residual.data());
   const size_t from = (n - len) / 2;
   const uint8_t* trial = top + from;
-  uint32_t hist[256] = {};
-  CountBytes(trial, len, hist);
+  uint32_t hist[256];
+  ByteHistogram(Bytes(reinterpret_cast<const std::byte*>(trial), len), hist);
   // Bits per element of the trial; the terms counted as the whole plane pays for them.
   const double plain = HistogramEntropyBits(hist);
   double best = 0;
   size_t period = 0, trial_phase = 0;
   for (const uint32_t p : candidates) {
     if (2 * size_t{p} > len) continue;
-    std::fill(std::begin(hist), std::end(hist), 0);
     const size_t phase = FitModel(trial, len, p, kSearchPhase, &terms, res, hist);
     const double bits =
         HistogramEntropyBits(hist) +

@@ -39,9 +39,6 @@ inline constexpr int kRansStates = 64;
 // No encoding is smaller: the bitmap, two frequencies and the states.
 inline constexpr size_t kRansMinEncodedBytes = 32 + 2 * 2 + 4 * kRansStates;
 
-// Counts the bytes of `in` into counts[256] (which it zeroes first).
-void ByteHistogram(Bytes in, uint32_t counts[256]);
-
 // The size RansEncodeTo would give an input of that histogram, within a few bytes (the
 // renormalisation words are estimated from the entropy under the quantised frequencies);
 // SIZE_MAX for an empty one. No coding: for choosing between encodings.
@@ -49,7 +46,8 @@ size_t RansEncodedSize(const uint32_t counts[256]);
 
 // Encodes `in` (non-empty) straight into dst: returns the encoded size, or 0 (dst unspecified)
 // when the result would not be smaller than `in` or would not fit in `capacity` bytes.
-// `counts`: the histogram of `in` (ByteHistogram), when the caller has it; null: computed here.
+// `counts`: the histogram of `in` (ByteHistogram, huffman.h), when the caller has it; null:
+// computed here.
 size_t RansEncodeTo(Bytes in, std::byte* dst, size_t capacity, const uint32_t* counts = nullptr);
 
 // Decodes `stored` into `out`, which must hold exactly the encoded input's length.

@@ -9,19 +9,10 @@
 
 #include "engine/codec/huffman.h"
 #include "engine/codec/vector_level.h"
+#include "engine/util/test_buffers.h"
 
 namespace ckptfs {
 namespace {
-
-Buffer Skewed(size_t n, double spread, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<double> d(120.0, spread);
-  Buffer b(n);
-  for (size_t i = 0; i < n; ++i) {
-    b.data()[i] = static_cast<std::byte>(static_cast<uint8_t>(std::lround(d(rng))));
-  }
-  return b;
-}
 
 // A plane like the top plane of a training step's delta: mostly zeros, some small values.
 Buffer DeltaTop(size_t n, double p_zero, uint32_t seed) {
@@ -62,7 +53,7 @@ TEST(RansTest, RoundTripsEverySizeAndShape) {
   for (size_t n : {1, 2, 3, 7, 8, 9, 15, 16, 17, 63, 64, 65, 100, 1000, 4099, 65536, 262147}) {
     for (double spread : {0.0, 0.3, 1.0, 3.0, 20.0}) {
       SCOPED_TRACE(std::to_string(n) + " spread " + std::to_string(spread));
-      ExpectRoundTrip(Skewed(n, spread, static_cast<uint32_t>(n)));
+      ExpectRoundTrip(SkewedBuffer(n, spread, static_cast<uint32_t>(n)));
     }
     for (double p_zero : {0.5, 0.9, 0.999}) ExpectRoundTrip(DeltaTop(n, p_zero, 7));
   }
@@ -106,9 +97,7 @@ TEST(RansTest, EveryByteValueAndRareSymbols) {
 }
 
 TEST(RansTest, RefusesWhatDoesNotShrinkOrFit) {
-  std::mt19937 rng(5);
-  Buffer noise(100000);
-  for (size_t i = 0; i < noise.size(); ++i) noise.data()[i] = static_cast<std::byte>(rng());
+  const Buffer noise = RandomBuffer(100000, 5);
   Buffer enc(noise.size());
   EXPECT_EQ(0u, RansEncodeTo(noise.bytes(), enc.data(), enc.size()));
   const Buffer in = DeltaTop(100000, 0.9, 3);
