@@ -1,5 +1,9 @@
 #include "engine/codec/huffman.h"
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -302,13 +306,16 @@ const uint32_t* PairTable(const uint8_t len[256], const uint16_t code[256], int 
 }
 
 // A decoding table entry: the symbols that the next kHuffmanMaxBits bits start with (up to 4,
-// as many as fit whole), their total bit count, and the first symbol's code length.
+// as many as fit whole), their total bit count, and the first symbol's code length. `bits` is
+// the lowest byte of the entry read as a little-endian uint64: DecodeRounds shifts its bit
+// window by the whole entry (a 64-bit shift uses only the count's low 6 bits, and bits <= 11),
+// so that the next lookup waits for the load, the mask and one shift only.
 struct Entry {
-  uint32_t symbols;
-  uint8_t count;
   uint8_t bits;
+  uint8_t count;
   uint8_t first_bits;
   uint8_t unused;
+  uint32_t symbols;
 };
 
 Status BuildDecodeTable(const uint8_t len[256], Entry* table) {
@@ -328,7 +335,7 @@ Status BuildDecodeTable(const uint8_t len[256], Entry* table) {
     }
   }
   for (uint32_t idx = 0; idx < kTableSize; ++idx) {
-    Entry e{0, 0, 0, static_cast<uint8_t>(single[idx] >> 8), 0};
+    Entry e{0, 0, static_cast<uint8_t>(single[idx] >> 8), 0, 0};
     while (e.count < 4) {
       const uint16_t d = single[(idx >> e.bits) & kTableMask];
       const int l = d >> 8;
@@ -375,15 +382,17 @@ inline void DecodeRounds(const Entry* t, const uint8_t* data, size_t data_size, 
         *prefetch = prefetch->subspan(std::min<size_t>(64, prefetch->size()));
       }
       for (int k = 0; k < kCount; ++k) {
-        const uint64_t b = Load64(data + (pos[k] >> 3)) >> (pos[k] & 7);
-        unsigned used = 0;
+        // The window's bit 63 is a marker: the lookups read at most bits 0-54 (44 bits of codes
+        // and an 11-bit index), and after the shifts its leading zeros count the bits used.
+        uint64_t b = Load64(data + (pos[k] >> 3)) >> (pos[k] & 7) | uint64_t{1} << 63;
         for (int j = 0; j < 4; ++j) {
-          const Entry e = t[(b >> used) & kTableMask];
-          Store32(out[k], e.symbols);
-          out[k] += e.count;
-          used += e.bits;
+          uint64_t e;
+          std::memcpy(&e, &t[b & kTableMask], 8);  // little-endian host: bits in the low byte
+          Store32(out[k], static_cast<uint32_t>(e >> 32));
+          out[k] += (e >> 8) & 0xff;
+          b >>= e & 63;  // the next lookup waits for this mask, load and shift only
         }
-        pos[k] += used;
+        pos[k] += static_cast<size_t>(__builtin_clzll(b));
       }
     }
   }
@@ -396,12 +405,33 @@ inline void DecodeRounds(const Entry* t, const uint8_t* data, size_t data_size, 
 // The fast part of HuffmanDecode: the 4 streams interleaved while all have room, then each on
 // its own (a stream of long runs, 4 symbols per lookup, fills its output well before one of
 // noise: the others then decoded a symbol at a time, 12% of bf16 delta decoding).
-inline void DecodeFast(const Entry* t, const uint8_t* data, size_t data_size, size_t pos[],
-                       uint8_t* out[], uint8_t* const out_end[], Bytes prefetch) {
+inline void DecodeFastBody(const Entry* t, const uint8_t* data, size_t data_size, size_t pos[],
+                           uint8_t* out[], uint8_t* const out_end[], Bytes prefetch) {
   DecodeRounds<kStreams>(t, data, data_size, pos, out, out_end, &prefetch);
   for (int k = 0; k < kStreams; ++k) {
     DecodeRounds<1>(t, data, data_size, pos + k, out + k, out_end + k, &prefetch);
   }
+}
+
+// The same with BMI2 (vector_level.h): shifts by a count in any register (shrx) and lzcnt.
+#if defined(__x86_64__)
+CKPTFS_TARGET_AVX2 CKPTFS_NOT_CLONED void DecodeFastBmi2(const Entry* t, const uint8_t* data,
+                                                         size_t data_size, size_t pos[],
+                                                         uint8_t* out[], uint8_t* const out_end[],
+                                                         Bytes prefetch) {
+  DecodeFastBody(t, data, data_size, pos, out, out_end, prefetch);
+}
+#endif
+
+CKPTFS_NOT_CLONED void DecodeFast(const Entry* t, const uint8_t* data, size_t data_size,
+                                  size_t pos[], uint8_t* out[], uint8_t* const out_end[],
+                                  Bytes prefetch) {
+#if defined(__x86_64__)
+  if (CodecVectorLevelInUse() >= CodecVectorLevel::kAvx2) {
+    return DecodeFastBmi2(t, data, data_size, pos, out, out_end, prefetch);
+  }
+#endif
+  DecodeFastBody(t, data, data_size, pos, out, out_end, prefetch);
 }
 
 }  // namespace
@@ -434,12 +464,11 @@ double HistogramEntropyBits(const uint32_t counts[256]) {
   return std::log2(static_cast<double>(m)) - sum / static_cast<double>(m);
 }
 
-void ByteHistogram(Bytes in, uint32_t counts[256]) {
-  // Four tables, so that runs of one symbol (common in skewed planes) do not serialise on one
-  // counter.
-  uint32_t c[4][256] = {};
-  const auto* p = reinterpret_cast<const uint8_t*>(in.data());
-  const size_t n = in.size();
+namespace {
+
+// Counts p[0..n) into four tables, so that runs of one symbol (common in skewed planes) do not
+// serialise on one counter.
+void CountBytes(const uint8_t* p, size_t n, uint32_t c[4][256]) {
   size_t i = 0;
   for (; i + 4 <= n; i += 4) {
     ++c[0][p[i]];
@@ -448,7 +477,52 @@ void ByteHistogram(Bytes in, uint32_t counts[256]) {
     ++c[3][p[i + 3]];
   }
   for (; i < n; ++i) ++c[0][p[i]];
+}
+
+#if defined(__x86_64__)
+// The planes counted whole (a delta's high planes, by RansPays) are mostly zeros: 64 bytes a step,
+// the zeros are counted by a compare and the others packed together (VBMI2's vpcompressb) into a
+// block that is then counted as above. Returns the zeros.
+__attribute__((target("avx512f,avx512bw,avx512vbmi2,bmi2"))) size_t CountBytesButZerosVbmi2(
+    const uint8_t* p, size_t n, uint32_t c[4][256]) {
+  constexpr size_t kBlock = 4096;
+  alignas(64) uint8_t packed[kBlock + 64];
+  size_t zeros = 0, i = 0;
+  while (i + 64 <= n) {
+    size_t fill = 0;
+    for (; i + 64 <= n && fill <= kBlock - 64; i += 64) {
+      const __m512i v = _mm512_loadu_si512(p + i);
+      const __mmask64 nonzero = _mm512_test_epi8_mask(v, v);
+      _mm512_storeu_si512(packed + fill, _mm512_maskz_compress_epi8(nonzero, v));
+      const size_t k = static_cast<size_t>(__builtin_popcountll(nonzero));
+      fill += k;
+      zeros += 64 - k;
+    }
+    CountBytes(packed, fill, c);
+  }
+  CountBytes(p + i, n - i, c);
+  return zeros;
+}
+#endif
+
+}  // namespace
+
+void ByteHistogram(Bytes in, uint32_t counts[256]) {
+  uint32_t c[4][256] = {};
+  const auto* p = reinterpret_cast<const uint8_t*>(in.data());
+  size_t zeros = 0;
+#if defined(__x86_64__)
+  static const bool vbmi2 = __builtin_cpu_supports("avx512vbmi2");
+  if (vbmi2 && CodecVectorLevelInUse() >= CodecVectorLevel::kAvx512) {
+    zeros = CountBytesButZerosVbmi2(p, in.size(), c);
+  } else {
+    CountBytes(p, in.size(), c);
+  }
+#else
+  CountBytes(p, in.size(), c);
+#endif
   for (int s = 0; s < 256; ++s) counts[s] = c[0][s] + c[1][s] + c[2][s] + c[3][s];
+  counts[0] += static_cast<uint32_t>(zeros);
 }
 
 double EstimateEntropyBits(Bytes in, size_t sample) {

@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "engine/codec/vector_level.h"
 #include "engine/util/test_buffers.h"
 
 namespace ckptfs {
@@ -19,6 +20,33 @@ void ExpectRoundTrip(const Buffer& in) {
   Buffer back(in.size());
   ASSERT_TRUE(HuffmanDecode(enc.bytes(), back.mutable_bytes()).ok()) << in.size();
   ASSERT_EQ(0, std::memcmp(back.data(), in.data(), in.size())) << in.size();
+}
+
+TEST(ByteHistogramTest, CountsEveryByteAtEveryVectorLevel) {
+  std::vector<Buffer> inputs;
+  for (size_t n :
+       {size_t{0}, size_t{1}, size_t{63}, size_t{64}, size_t{4095}, size_t{4161}, size_t{100003}}) {
+    inputs.push_back(RandomBuffer(n, static_cast<uint32_t>(n)));
+    inputs.push_back(SkewedBuffer(n, 0.5, static_cast<uint32_t>(n) + 1));
+    Buffer zeros(n);  // all zeros, then zeros with a few bytes set
+    if (n > 0) std::memset(zeros.data(), 0, n);
+    inputs.push_back(Buffer(zeros.bytes()));
+    for (size_t i = 0; i < n; i += 97) zeros.data()[i] = static_cast<std::byte>(i % 251 + 1);
+    inputs.push_back(std::move(zeros));
+  }
+  const CodecVectorLevel before = CapCodecVectorLevelForTesting(CodecVectorLevel::kAvx512);
+  for (const Buffer& in : inputs) {
+    uint32_t expected[256] = {};
+    for (size_t i = 0; i < in.size(); ++i) ++expected[static_cast<uint8_t>(in.data()[i])];
+    for (CodecVectorLevel level :
+         {CodecVectorLevel::kBaseline, CodecVectorLevel::kAvx2, CodecVectorLevel::kAvx512}) {
+      CapCodecVectorLevelForTesting(level);
+      uint32_t counts[256];
+      ByteHistogram(in.bytes(), counts);
+      ASSERT_EQ(0, std::memcmp(counts, expected, sizeof(counts))) << in.size();
+    }
+  }
+  CapCodecVectorLevelForTesting(before);
 }
 
 TEST(HuffmanTest, RoundTripsEverySizeAndShape) {

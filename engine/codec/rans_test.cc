@@ -128,10 +128,29 @@ TEST(RansTest, RoundTripsRandomDistributions) {
   }
 }
 
+// A skewed plane of exactly `symbols` distinct values (0 mostly, the others spread evenly).
+Buffer WithSymbols(size_t n, int symbols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  Buffer b(n);
+  for (size_t i = 0; i < n; ++i) {
+    const int v = i < static_cast<size_t>(symbols) ? static_cast<int>(i)
+                  : rng() % 4 != 0                 ? 0
+                                                   : static_cast<int>(rng() % symbols);
+    b.data()[i] = static_cast<std::byte>(v * 255 / std::max(1, symbols - 1));
+  }
+  return b;
+}
+
 TEST(RansTest, EveryVectorLevelWritesAndReadsTheSameBytes) {
   const CodecVectorLevel before = CapCodecVectorLevelForTesting(CodecVectorLevel::kAvx512);
+  std::vector<Buffer> inputs;
   for (size_t n : {size_t{3001}, size_t{4097}, size_t{1} << 19, (size_t{1} << 19) + 63}) {
-    const Buffer in = DeltaTop(n, 0.7, static_cast<uint32_t>(n));
+    inputs.push_back(DeltaTop(n, 0.7, static_cast<uint32_t>(n)));
+  }
+  // Around the AVX-512 encoder's limit for looking entries up by rank (64 symbols present).
+  for (int symbols : {63, 64, 65, 200}) inputs.push_back(WithSymbols(100000, symbols, 7));
+  for (const Buffer& in : inputs) {
+    const size_t n = in.size();
     std::vector<Buffer> encoded;
     for (CodecVectorLevel level :
          {CodecVectorLevel::kBaseline, CodecVectorLevel::kAvx2, CodecVectorLevel::kAvx512}) {

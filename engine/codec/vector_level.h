@@ -25,6 +25,15 @@ enum class CodecVectorLevel : uint8_t { kBaseline = 0, kAvx2 = 1, kAvx512 = 2 };
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,bmi2"), flatten))
 #endif
 
+// For a decoder called with a thread_local table: GCC cloned such functions specialised to the
+// caller's table, and the clone fetched the table's address (from %fs, or through
+// __tls_get_addr) in every round of its loop, spilling the registers that held the state.
+#if defined(__clang__)
+#define CKPTFS_NOT_CLONED __attribute__((noinline))
+#else
+#define CKPTFS_NOT_CLONED __attribute__((noinline, noclone))
+#endif
+
 namespace codec_internal {
 inline CodecVectorLevel DetectCpuVectorLevel() {
 #if defined(__x86_64__)
