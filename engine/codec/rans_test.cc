@@ -148,7 +148,7 @@ TEST(RansTest, EveryVectorLevelWritesAndReadsTheSameBytes) {
     inputs.push_back(DeltaTop(n, 0.7, static_cast<uint32_t>(n)));
   }
   // Around the AVX-512 encoder's limit for looking entries up by rank (64 symbols present).
-  for (int symbols : {63, 64, 65, 200}) inputs.push_back(WithSymbols(100000, symbols, 7));
+  for (int symbols : {32, 33, 63, 64, 65, 200}) inputs.push_back(WithSymbols(100000, symbols, 7));
   for (const Buffer& in : inputs) {
     const size_t n = in.size();
     std::vector<Buffer> encoded;
