@@ -425,39 +425,56 @@ __attribute__((target("avx2,bmi2"))) size_t EncodeRoundsAvx2(const EncTables& t,
   return g;
 }
 
-// The decoder's tables by rank, where at most kRankedSymbols symbols are present: per rank the
-// symbol's start slot (bits 0-11), frequency (12-23) and value (24-31), and its end slot (start
-// + frequency); per bucket of 16 slots the rank of its first slot's symbol, | 0x80 where the
-// bucket holds more than two symbols. `present`: the number of ranks.
+// The decoder's tables by rank: per bucket of 16 slots the rank of its first slot's symbol, or
+// 0x80 where the bucket holds more than two symbols (its lanes are gathered from the full
+// table); per rank the symbol's start slot (bits 0-11), frequency (12-23) and value (24-31), and
+// its end slot (start + frequency). Ranks number only the symbols that own a slot of some bucket
+// of one or two symbols, in symbol order: clusters of rare symbols do not take ranks, so that
+// most planes need at most 32 (one permute per lookup). `ranks`: how many.
 struct RankedDecTables {
   alignas(64) uint32_t packed[kRankedSymbols];
   alignas(64) uint32_t end[kRankedSymbols];
   alignas(64) uint8_t bucket[256];
-  int present = 0;
+  int ranks = 0;
 };
 
-// Fills `r` from the frequencies of the present symbols (in symbol order); false where more
-// than kRankedSymbols are present.
+// Fills `r` from the frequencies of the present symbols; false where more than kRankedSymbols
+// symbols would need a rank.
 bool MakeRankedDecTables(const uint32_t freq[256], RankedDecTables* r) {
-  uint32_t start = 0;
-  int rank = 0;
-  for (int s = 0; s < 256; ++s) {
+  // The present symbols in order with their end slots; then which ones own a slot of a bucket
+  // of at most two symbols.
+  uint8_t symbol[256];
+  uint32_t end[256];
+  int present = 0;
+  for (uint32_t s = 0, at = 0; s < 256; ++s) {
     if (freq[s] == 0) continue;
-    if (rank == kRankedSymbols) return false;
-    r->packed[rank] = start | freq[s] << 12 | static_cast<uint32_t>(s) << 24;
-    start += freq[s];
-    r->end[rank] = start;
-    ++rank;
+    at += freq[s];
+    symbol[present] = static_cast<uint8_t>(s);
+    end[present++] = at;
   }
-  r->present = rank;
-  for (int q = rank; q < kRankedSymbols; ++q) r->packed[q] = r->end[q] = 0;  // never chosen
-  // The symbols owning each bucket's first and last slot (the last symbol ends at kScale).
-  int owner = 0;
-  for (uint32_t b = 0; b < 256; ++b) {
-    while (r->end[owner] <= 16 * b) ++owner;
+  bool needed[256] = {};
+  int first[256];  // per bucket: the index of its first slot's symbol, -1 for more than two
+  for (int b = 0, owner = 0; b < 256; ++b) {
+    while (end[owner] <= 16u * b) ++owner;
     int last = owner;
-    while (r->end[last] <= 16 * b + 15) ++last;
-    r->bucket[b] = static_cast<uint8_t>(owner | (last - owner > 1 ? 0x80 : 0));
+    while (end[last] <= 16u * b + 15) ++last;
+    first[b] = last - owner > 1 ? -1 : owner;
+    if (first[b] >= 0) needed[owner] = needed[last] = true;
+  }
+  int rank_of[256];
+  int ranks = 0;
+  for (int k = 0; k < present; ++k) {
+    if (!needed[k]) continue;
+    if (ranks == kRankedSymbols) return false;
+    const uint32_t start = end[k] - freq[symbol[k]];
+    r->packed[ranks] = start | freq[symbol[k]] << 12 | uint32_t{symbol[k]} << 24;
+    r->end[ranks] = end[k];
+    rank_of[k] = ranks++;
+  }
+  r->ranks = ranks;
+  for (int q = ranks; q < kRankedSymbols; ++q) r->packed[q] = r->end[q] = 0;  // never chosen
+  for (int b = 0; b < 256; ++b) {
+    r->bucket[b] = static_cast<uint8_t>(first[b] < 0 ? 0x80 : rank_of[first[b]]);
   }
   return true;
 }
@@ -471,13 +488,13 @@ __attribute__((target("avx512f"), always_inline)) inline __m512i LookupRank(cons
   return Lookup64(table, index);
 }
 
-// DecodeRoundsAvx512 without gathers, for at most kRankedSymbols symbols (a delta's high planes
-// have 6-45): each state's slot is mapped to its symbol's rank by the bucket of 16 slots it
-// falls in (VBMI's byte permutes, the 64 states of a round at once) and one step to the next
-// rank where the slot is at or past the first one's end; the symbol's start, frequency and
-// value then come from the ranked table held in registers. Buckets that hold more than two
-// symbols (clusters of rare ones) are left to a gather of just that vector (~12% of the vectors
-// of the trajectories' bf16 weight deltas). The same bytes as the scalar loop.
+// DecodeRoundsAvx512 without gathers, for planes whose symbols need at most kRankedSymbols ranks
+// (a delta's high planes have 6-45 symbols): each state's slot is mapped to its symbol's rank by
+// the bucket of 16 slots it falls in (VBMI's byte permutes, the 64 states of a round at once) and
+// one step to the next rank where the slot is at or past the first one's end; the symbol's start,
+// frequency and value then come from the ranked table held in registers. Buckets that hold more
+// than two symbols (clusters of rare ones) are left to a gather of just that vector (~12% of the
+// vectors of the trajectories' bf16 weight deltas). The same bytes as the scalar loop.
 #if !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -712,8 +729,8 @@ Status RansDecode(Bytes stored, MutableBytes out_bytes) {
   RankedDecTables ranked;
   if (CodecVectorLevelInUse() >= CodecVectorLevel::kAvx512 && vbmi &&
       MakeRankedDecTables(freqs, &ranked)) {
-    i = ranked.present <= 32 ? DecodeRoundsRankedVbmi<true>(table.data(), ranked, &s, out, n)
-                             : DecodeRoundsRankedVbmi<false>(table.data(), ranked, &s, out, n);
+    i = ranked.ranks <= 32 ? DecodeRoundsRankedVbmi<true>(table.data(), ranked, &s, out, n)
+                           : DecodeRoundsRankedVbmi<false>(table.data(), ranked, &s, out, n);
   } else if (CodecVectorLevelInUse() >= CodecVectorLevel::kAvx512) {
     i = DecodeRoundsAvx512(table.data(), &s, out, n);
   } else if (CodecVectorLevelInUse() >= CodecVectorLevel::kAvx2) {
