@@ -512,8 +512,7 @@ void ByteHistogram(Bytes in, uint32_t counts[256]) {
   const auto* p = reinterpret_cast<const uint8_t*>(in.data());
   size_t zeros = 0;
 #if defined(__x86_64__)
-  static const bool vbmi2 = __builtin_cpu_supports("avx512vbmi2");
-  if (vbmi2 && CodecVectorLevelInUse() >= CodecVectorLevel::kAvx512) {
+  if (CodecVectorLevelInUse() >= CodecVectorLevel::kAvx512 && CodecCpuHasAvx512Vbmi2()) {
     zeros = CountBytesButZerosVbmi2(p, in.size(), c);
   } else {
     CountBytes(p, in.size(), c);

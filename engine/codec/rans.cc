@@ -222,7 +222,7 @@ __attribute__((target("avx2,bmi2"))) CKPTFS_NOT_CLONED size_t DecodeRoundsAvx2(c
 }
 
 // The symbol tables of the vector encoders, gathered by symbol. Where at most kRankedSymbols
-// symbols are present (the planes rANS takes have ~10-45), also the same entries by rank (the
+// symbols are present (the planes rANS takes have 6-45), also the same entries by rank (the
 // symbol's place among those present), for EncodeRoundsAvx512 to look up with permutes: a
 // gather of 16 lanes takes ~6 ns on this VM's Zen 4 (2.6 G lanes/s at most, two per symbol),
 // a permute about a cycle.
@@ -635,10 +635,9 @@ size_t RansEncodeTo(Bytes in, std::byte* dst_bytes, size_t capacity, const uint3
   if (CodecVectorLevelInUse() >= CodecVectorLevel::kAvx2) {
     EncTables tables;
     MakeEncTables(sym, &tables);
-    static const bool vbmi = __builtin_cpu_supports("avx512vbmi");
     if (CodecVectorLevelInUse() < CodecVectorLevel::kAvx512) {
       g = EncodeRoundsAvx2(tables, p, g, x, &w, lowest);
-    } else if (vbmi && tables.present <= kRankedSymbols) {
+    } else if (CodecCpuHasAvx512Vbmi() && tables.present <= kRankedSymbols) {
       thread_local Buffer ranks;
       ranks.Resize(g);
       auto* r = reinterpret_cast<uint8_t*>(ranks.data());
@@ -725,9 +724,8 @@ Status RansDecode(Bytes stored, MutableBytes out_bytes) {
   const size_t n = out_bytes.size();
   size_t i = 0;
 #if defined(__x86_64__)
-  static const bool vbmi = __builtin_cpu_supports("avx512vbmi");
   RankedDecTables ranked;
-  if (CodecVectorLevelInUse() >= CodecVectorLevel::kAvx512 && vbmi &&
+  if (CodecVectorLevelInUse() >= CodecVectorLevel::kAvx512 && CodecCpuHasAvx512Vbmi() &&
       MakeRankedDecTables(freqs, &ranked)) {
     i = ranked.ranks <= 32 ? DecodeRoundsRankedVbmi<true>(table.data(), ranked, &s, out, n)
                            : DecodeRoundsRankedVbmi<false>(table.data(), ranked, &s, out, n);

@@ -57,6 +57,27 @@ inline CodecVectorLevel CodecVectorLevelInUse() {
   return std::min(cpu, codec_internal::vector_level_cap.load(std::memory_order_relaxed));
 }
 
+// Extensions that some loops of the AVX-512 level use where the CPU has them (Zen 4, Ice Lake
+// and later do): byte permutes (VBMI: rANS's lookups by rank) and byte compression (VBMI2:
+// ByteHistogram's zero skipping). Only consulted at the AVX-512 level, so the tests' cap turns
+// them off with it.
+inline bool CodecCpuHasAvx512Vbmi() {
+#if defined(__x86_64__)
+  static const bool has = __builtin_cpu_supports("avx512vbmi");
+  return has;
+#else
+  return false;
+#endif
+}
+inline bool CodecCpuHasAvx512Vbmi2() {
+#if defined(__x86_64__)
+  static const bool has = __builtin_cpu_supports("avx512vbmi2");
+  return has;
+#else
+  return false;
+#endif
+}
+
 // For tests: uses at most `cap` from now on (in every thread); returns the previous cap.
 inline CodecVectorLevel CapCodecVectorLevelForTesting(CodecVectorLevel cap) {
   return codec_internal::vector_level_cap.exchange(cap);
