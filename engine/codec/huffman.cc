@@ -376,23 +376,35 @@ inline void DecodeRounds(const Entry* t, const uint8_t* data, size_t data_size, 
       rounds = std::min({rounds, room_out, room_in});
     }
     if (rounds == 0) break;
+    // A stream's window: 8 bytes from its position, shifted to it, with bit 63 as a marker: a
+    // round reads at most bits 0-54 of it (44 bits of codes and an 11-bit index), and after the
+    // round's shifts its leading zeros count the bits used.
+    auto window = [data](size_t at) {
+      return Load64(data + (at >> 3)) >> (at & 7) | uint64_t{1} << 63;
+    };
+    // What the last round left of each stream's window: its low bits (at least 13 valid ones)
+    // are the next codes, so a round's first lookup need not wait for the round's own window,
+    // whose load waits for the last round's bit count.
+    uint64_t left[kCount];
+    for (int k = 0; k < kCount; ++k) left[k] = window(pos[k]);
     for (size_t r = 0; r < rounds; ++r) {
       if (!prefetch->empty()) {  // a cache line per round (of 4 to 64 symbols per stream)
         __builtin_prefetch(prefetch->data());
         *prefetch = prefetch->subspan(std::min<size_t>(64, prefetch->size()));
       }
       for (int k = 0; k < kCount; ++k) {
-        // The window's bit 63 is a marker: the lookups read at most bits 0-54 (44 bits of codes
-        // and an 11-bit index), and after the shifts its leading zeros count the bits used.
-        uint64_t b = Load64(data + (pos[k] >> 3)) >> (pos[k] & 7) | uint64_t{1} << 63;
-        for (int j = 0; j < 4; ++j) {
-          uint64_t e;
-          std::memcpy(&e, &t[b & kTableMask], 8);  // little-endian host: bits in the low byte
+        uint64_t b = window(pos[k]);
+        uint64_t e;
+        std::memcpy(&e, &t[left[k] & kTableMask], 8);  // little-endian host: bits in the low byte
+        for (int j = 0;; ++j) {
           Store32(out[k], static_cast<uint32_t>(e >> 32));
           out[k] += (e >> 8) & 0xff;
           b >>= e & 63;  // the next lookup waits for this mask, load and shift only
+          if (j == 3) break;
+          std::memcpy(&e, &t[b & kTableMask], 8);
         }
         pos[k] += static_cast<size_t>(__builtin_clzll(b));
+        left[k] = b;
       }
     }
   }
