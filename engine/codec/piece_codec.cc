@@ -744,8 +744,9 @@ constexpr double kRansBelowBits = 4.0;
 constexpr double kRansMinSavedBits = 0.25;
 
 // Whether rANS is worth its speed for `segment` (a delta's plane of `bits` sampled bits per byte)
-// against the `best` size another coding gave it so far; `counts` gets the plane's histogram.
-bool RansPays(Bytes segment, double bits, size_t best, uint32_t counts[256]) {
+// against the `best` size another coding gave it so far. `counts`: the plane's histogram, taken
+// here unless `*counted` (then set).
+bool RansPays(Bytes segment, double bits, size_t best, uint32_t counts[256], bool* counted) {
   const double margin = kRansMinSavedBits / 8 * static_cast<double>(segment.size());
   // Cheap refusals first: rANS cannot beat its header, nor, going by the sample at half its
   // word, the plane's entropy.
@@ -753,9 +754,38 @@ bool RansPays(Bytes segment, double bits, size_t best, uint32_t counts[256]) {
       static_cast<double>(best) < kRansMinEncodedBytes + bits * segment.size() / 16 + margin) {
     return false;
   }
-  ByteHistogram(segment, counts);
+  if (!*counted) ByteHistogram(segment, counts);
+  *counted = true;
   const size_t other = std::min(best, HuffmanEncodedSizeOfCounts(counts));
   return static_cast<double>(RansEncodedSize(counts)) + margin <= static_cast<double>(other);
+}
+
+// Whether the block codec is worth running over a whole delta plane of `bits` sampled bits per
+// byte (below kTryCodecBelowBits), where rANS is the alternative: its size on kBlockSamples runs
+// of kBlockSampleRun bytes spread over the plane, scaled up, must come within
+// kBlockSampleSlack of what rANS would store plus the margin rANS has to beat it by (RansPays).
+// On the trajectories' deltas lz4 stored 1.1-3.5x what rANS did on such planes and won only on
+// planes of tiny updates (nearly all zeros), where it runs as before; it was 21% of encoding the
+// later weights' bf16 deltas (docs/engine.md, "Codec speed, round 4"). `counts` gets the
+// plane's histogram (`*counted` set). Planes too small to sample: true.
+constexpr size_t kBlockSamples = 4;
+constexpr size_t kBlockSampleRun = 8 << 10;
+constexpr double kBlockSampleSlack = 1.5;
+bool BlockCodecMayPay(const CodecSpec& spec, Bytes segment, uint32_t counts[256], bool* counted) {
+  const size_t n = segment.size();
+  if (n < 4 * kBlockSamples * kBlockSampleRun) return true;
+  ByteHistogram(segment, counts);
+  *counted = true;
+  const double rans = static_cast<double>(RansEncodedSize(counts)) + kRansMinSavedBits / 8 * n;
+  thread_local Buffer out;
+  size_t sampled = 0;
+  const size_t gap = (n - kBlockSampleRun) / (kBlockSamples - 1);
+  for (size_t k = 0; k < kBlockSamples; ++k) {
+    Bytes run = segment.subspan(k * gap, kBlockSampleRun);
+    sampled += TryCompress(spec, run, &out) ? out.size() : run.size();
+  }
+  const double scaled = static_cast<double>(sampled) * n / (kBlockSamples * kBlockSampleRun);
+  return scaled <= kBlockSampleSlack * rans;
 }
 
 // Whether rotating each element left by one bit makes the planes of `raw` (width 2 or 4)
@@ -827,7 +857,10 @@ void PutSegment(const CodecSpec& spec, Bytes segment, bool delta, Buffer* out) {
     if (bits <= kRawAboveBits) {
       // Long runs (the high planes of deltas): the block codec first, and Huffman only where
       // its size, known from the histogram before any code is written, is smaller still.
-      if (bits < kTryCodecBelowBits && spec.codec != Codec::kNone) {
+      uint32_t counts[256];
+      bool counted = false;
+      if (bits < kTryCodecBelowBits && spec.codec != Codec::kNone &&
+          (!delta || BlockCodecMayPay(spec, segment, counts, &counted))) {
         thread_local Buffer other;
         if (TryCompress(spec, segment, &other) && other.size() < stored) {
           std::memcpy(body, other.data(), other.size());
@@ -835,8 +868,7 @@ void PutSegment(const CodecSpec& spec, Bytes segment, bool delta, Buffer* out) {
           stored = other.size();
         }
       }
-      uint32_t counts[256];
-      if (delta && stored > 0 && RansPays(segment, bits, stored, counts)) {
+      if (delta && stored > 0 && RansPays(segment, bits, stored, counts, &counted)) {
         // The coder writes before it knows whether it fits: not over the block codec's bytes.
         thread_local Buffer scratch;
         std::byte* dst = body;
@@ -881,12 +913,14 @@ size_t SegmentSize(const CodecSpec& spec, Bytes segment, bool delta, Buffer* scr
   const double bits = EstimateEntropyBits(segment);
   if (bits > kRawAboveBits) return segment.size();
   size_t best = segment.size();
+  uint32_t counts[256];
+  bool counted = false;
   if (bits < kTryCodecBelowBits && spec.codec != Codec::kNone &&
+      (!delta || BlockCodecMayPay(spec, segment, counts, &counted)) &&
       TryCompress(spec, segment, scratch)) {
     best = scratch->size();
   }
-  uint32_t counts[256];
-  if (delta && RansPays(segment, bits, best, counts)) return RansEncodedSize(counts);
+  if (delta && RansPays(segment, bits, best, counts, &counted)) return RansEncodedSize(counts);
   return std::min(best, HuffmanEncodedSize(segment));
 }
 
