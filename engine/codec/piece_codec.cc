@@ -760,9 +760,9 @@ bool RansPays(Bytes segment, double bits, size_t best, uint32_t counts[256], boo
   return static_cast<double>(RansEncodedSize(counts)) + margin <= static_cast<double>(other);
 }
 
-// Whether the block codec is worth running over a whole delta plane of `bits` sampled bits per
-// byte (below kTryCodecBelowBits), where rANS is the alternative: its size on kBlockSamples runs
-// of kBlockSampleRun bytes spread over the plane, scaled up, must come within
+// Whether the block codec is worth running over a whole delta plane (one below
+// kTryCodecBelowBits sampled bits per byte), where rANS is the alternative: its size on
+// kBlockSamples runs of kBlockSampleRun bytes spread over the plane, scaled up, must come within
 // kBlockSampleSlack of what rANS would store plus the margin rANS has to beat it by (RansPays).
 // On the trajectories' deltas lz4 stored 1.1-3.5x what rANS did on such planes and won only on
 // planes of tiny updates (nearly all zeros), where it runs as before; it was 21% of encoding the

@@ -139,10 +139,21 @@ struct Stream {
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
+// The AVX-512 decoders' renormalisation of 16 states: those below kLow read the next words from
+// *w, in lane order (spread to them by vpexpandd), and *w moves past the words read.
+__attribute__((target("avx512f"), always_inline)) inline __m512i RenormaliseAvx512(
+    __m512i next, const uint8_t** w) {
+  const __mmask16 reads = _mm512_cmplt_epu32_mask(next, _mm512_set1_epi32(kLow));
+  const __m512i words =
+      _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(*w)));
+  *w += 2 * __builtin_popcount(reads);
+  return _mm512_mask_or_epi32(next, reads, _mm512_slli_epi32(next, 16),
+                              _mm512_maskz_expand_epi32(reads, words));
+}
+
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,bmi2"))) CKPTFS_NOT_CLONED size_t
 DecodeRoundsAvx512(const uint32_t* t, Stream* s, uint8_t* out, size_t n) {
   const __m512i mask = _mm512_set1_epi32(kMask);
-  const __m512i low = _mm512_set1_epi32(kLow);
   __m512i x[4];
   for (int c = 0; c < 4; ++c) x[c] = _mm512_load_si512(s->x + 16 * c);
   const uint8_t* w = s->w;
@@ -155,12 +166,7 @@ DecodeRoundsAvx512(const uint32_t* t, Stream* s, uint8_t* out, size_t n) {
       const __m512i next = _mm512_add_epi32(
           _mm512_mullo_epi32(_mm512_srli_epi32(e, 20), _mm512_srli_epi32(x[c], kRansScaleBits)),
           _mm512_and_si512(_mm512_srli_epi32(e, 8), mask));
-      const __mmask16 reads = _mm512_cmplt_epu32_mask(next, low);
-      const __m512i words =
-          _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)));
-      x[c] = _mm512_mask_or_epi32(next, reads, _mm512_slli_epi32(next, 16),
-                                  _mm512_maskz_expand_epi32(reads, words));
-      w += 2 * __builtin_popcount(reads);
+      x[c] = RenormaliseAvx512(next, &w);
     }
   }
   for (int c = 0; c < 4; ++c) _mm512_store_si512(s->x + 16 * c, x[c]);
@@ -505,7 +511,6 @@ CKPTFS_NOT_CLONED size_t
 DecodeRoundsRankedVbmi(const uint32_t* t, const RankedDecTables& r, Stream* s, uint8_t* out,
                        size_t n) {
   const __m512i mask = _mm512_set1_epi32(kMask);
-  const __m512i low = _mm512_set1_epi32(kLow);
   const __m512i b0 = _mm512_load_si512(r.bucket), b1 = _mm512_load_si512(r.bucket + 64);
   const __m512i b2 = _mm512_load_si512(r.bucket + 128), b3 = _mm512_load_si512(r.bucket + 192);
   __m512i packed[4], ends[4];
@@ -554,12 +559,7 @@ DecodeRoundsRankedVbmi(const uint32_t* t, const RankedDecTables& r, Stream* s, u
       const __m512i next =
           _mm512_add_epi32(_mm512_mullo_epi32(freq, _mm512_srli_epi32(x[c], kRansScaleBits)),
                            _mm512_sub_epi32(slot[c], _mm512_and_si512(p, mask)));
-      const __mmask16 reads = _mm512_cmplt_epu32_mask(next, low);
-      const __m512i words =
-          _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)));
-      x[c] = _mm512_mask_or_epi32(next, reads, _mm512_slli_epi32(next, 16),
-                                  _mm512_maskz_expand_epi32(reads, words));
-      w += 2 * __builtin_popcount(reads);
+      x[c] = RenormaliseAvx512(next, &w);
     }
   }
   for (int c = 0; c < 4; ++c) _mm512_store_si512(s->x + 16 * c, x[c]);
