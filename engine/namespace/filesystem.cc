@@ -220,16 +220,24 @@ WorkerPool::Priority FileSystem::PrefetchPriorityOf(Ino ino) {
 
 Result<Inode> FileSystem::GetAttr(Ino ino) {
   if (IsViewIno(ino)) return ViewInode(ino);  // views.cc
+  // The open file first, then the catalog: the committer forgets an open file only after its
+  // commit is in the catalog, so a file not found open has its last size there. (The other
+  // order could read the catalog before that commit and miss the file forgotten right after:
+  // the kernel then cached the old size, and a read of the file came back empty.)
+  std::shared_ptr<OpenInode> open;
+  {
+    MutexLock lock(open_mu_);
+    auto it = open_files_.find(ino);
+    if (it != open_files_.end()) open = it->second.file;
+  }
   Inode inode;
   {
     CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginRead());
     CKPTFS_ASSIGN_OR_RETURN(inode, MustGet(txn, ino));
   }
-  MutexLock lock(open_mu_);
-  auto it = open_files_.find(ino);
-  if (it != open_files_.end()) {
-    inode.size = it->second.file->size_view();
-    inode.mtime_ns = std::max(inode.mtime_ns, it->second.file->mtime_view());
+  if (open) {
+    inode.size = open->size_view();
+    inode.mtime_ns = std::max(inode.mtime_ns, open->mtime_view());
   }
   return inode;
 }
