@@ -24,6 +24,10 @@ entropy, not a codec; the codec stores ~0.5% of raw more than these bounds).
                                          weights and against the old weights minus Adam's update
                                          rebuilt from the old and new moments; exp_avg_sq against
                                          the old one scaled and against b2^k old + (1 - b2^k) g^2
+  exponent_study.py sibling OPTIM.pt     first versions of Adam's moments (a DeepSpeed optimizer
+                                         file): each moment's exponent given the other's (same
+                                         element), against order 0 and the row/column model;
+                                         and exp_avg_sq as a sub delta against exp_avg^2 scaled
 
 Stored / raw over the fp32 and bf16 tensors of more than 1024 elements. Needs torch
 (/usr/bin/python3 on this machine).
@@ -298,6 +302,44 @@ def adam(d, old_step, new_step):
     print(f"lr {lr} betas {b1} {b2}; stored / raw:", {k: round(x / n, 4) for k, x in tot.items()})
 
 
+def sibling(path):
+    state = torch.load(path, weights_only=False, map_location="cpu")["optimizer_state_dict"]["state"]
+    tot = {}
+
+    def add(k, bits):
+        tot[k] = tot.get(k, 0.0) + bits
+    for s in state.values():
+        m, v = s["exp_avg"], s["exp_avg_sq"]
+        if m.numel() <= 1024:
+            continue
+        (um, w), (uv, _) = bits_of(m), bits_of(v)
+        em = ((um >> np.uint64(w - 9)) & np.uint64(0xFF)).astype(np.int64)
+        ev = ((uv >> np.uint64(w - 9)) & np.uint64(0xFF)).astype(np.int64)
+        n = em.size
+        cols = m.shape[-1] if m.dim() == 2 else 0
+        add("exp_avg: order 0", n * h(em))
+        add("exp_avg: | exp_avg_sq's exponent", n * h_cond(ev, em))
+        add("exp_avg_sq: order 0", n * h(ev))
+        add("exp_avg_sq: | exp_avg's exponent", n * h_cond(em, ev))
+        per = (1 << 20) // (w // 8)
+        for a in range(0, n, per):
+            for name, x in (("exp_avg", em[a:a + per]), ("exp_avg_sq", ev[a:a + per])):
+                o0 = x.size * h(x) + 8 * table_bytes(np.bincount(x, minlength=256))
+                add(name + ": row/column model", min(o0, row_column_bits(x, cols, a % cols))
+                    if cols else o0)
+        # exp_avg_sq against c * exp_avg^2 (a constant gradient gives c = (1-b2^t) / (1-b1^t)^2),
+        # c fitted as the median ratio; sub of the bit patterns, order 0 per plane (as `adam`).
+        md, vd = m.double(), v.double()
+        c = float(np.median((vd / (md * md).clamp(min=1e-300)).numpy()))
+        z = zigzag_sub(bits_of(v.float())[0], bits_of((c * md * md).float())[0], 32)
+        add("exp_avg_sq: sub against c exp_avg^2 (fp32 bits)",
+            sum(z.size * min(h(((z >> np.uint64(8 * j)) & np.uint64(255)).astype(np.int64)), 8)
+                for j in range(4)))
+        add("elements", n)
+    n = tot.pop("elements")
+    print("bits per element:", {k: round(x / n, 3) for k, x in tot.items()})
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "first":
         first(sys.argv[2])
@@ -307,6 +349,8 @@ if __name__ == "__main__":
         delta(sys.argv[2], sys.argv[3])
     elif len(sys.argv) == 4 and sys.argv[1] == "coders":
         coders(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) == 3 and sys.argv[1] == "sibling":
+        sibling(sys.argv[2])
     elif len(sys.argv) == 5 and sys.argv[1] == "adam":
         adam(sys.argv[2], sys.argv[3], sys.argv[4])
     else:
