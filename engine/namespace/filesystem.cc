@@ -468,7 +468,10 @@ Result<std::shared_ptr<OpenInode>> FileSystem::OpenInodeFor(Ino ino) {
 Result<uint64_t> FileSystem::AddHandle(std::shared_ptr<OpenInode> file, int flags) {
   MutexLock lock(open_mu_);
   uint64_t fh = next_handle_++;
-  handles_[fh] = Handle{std::move(file), flags};
+  Handle& h = handles_[fh];
+  h.file = std::move(file);
+  h.flags = flags;
+  h.unflushed = (flags & O_TRUNC) != 0;
   return fh;
 }
 
@@ -682,6 +685,7 @@ Status FileSystem::Write(uint64_t fh, uint64_t offset, Bytes data) {
   CKPTFS_ASSIGN_OR_RETURN(Handle h, GetHandle(fh));
   OpenInode& f = *h.file;
   SettleReference(f);  // before the file's lock: the committer needs it
+  if (!h.unflushed) MarkUnflushed(fh, true);  // before the bytes: see CommitIfClosed
   Status s = f.Write(offset, data, (h.flags & O_APPEND) != 0);
   if (s.ok()) metrics_.bytes_written.fetch_add(data.size(), std::memory_order_relaxed);
   return s;
@@ -691,7 +695,14 @@ Status FileSystem::Flush(uint64_t fh) {
   if (IsViewHandle(fh)) return Status::OK();
   CKPTFS_ASSIGN_OR_RETURN(Handle h, GetHandle(fh));
   if (h.passthrough) h.file->RefreshViewFromBacking();
+  MarkUnflushed(fh, false);
   return h.file->error();
+}
+
+void FileSystem::MarkUnflushed(uint64_t fh, bool unflushed) {
+  MutexLock lock(open_mu_);
+  auto it = handles_.find(fh);
+  if (it != handles_.end()) it->second.unflushed = unflushed;
 }
 
 Status FileSystem::Fsync(uint64_t fh) {
@@ -742,6 +753,7 @@ void FileSystem::MarkPassthrough(uint64_t fh, bool on) {
   auto it = handles_.find(fh);
   if (it == handles_.end() || it->second.passthrough == on) return;
   it->second.passthrough = on;
+  if (on) it->second.unflushed = true;  // the kernel writes it unseen until the next FLUSH
   if (!on) it->second.file->EndPassthroughHandle();
 }
 
@@ -768,15 +780,27 @@ FileSystem::Backlog FileSystem::WriteBacklog() {
   return b;
 }
 
-// For views (views.cc): commits `ino` now if it is closed with a commit still queued.
+// For views (views.cc) and delta references. A file released with its commit still queued
+// qualifies, and so does one whose writer has closed it while the kernel's RELEASE has not
+// reached us yet (close() returns after FLUSH): a view looked up right after torch.save must
+// not show the older content. A handle still writing keeps the file as it is (the view shows
+// the last committed content); readers do not hold it back.
 Status FileSystem::CommitIfClosed(Ino ino) {
   std::shared_ptr<OpenInode> pending;
   {
     MutexLock lock(open_mu_);
     auto it = open_files_.find(ino);
-    if (it != open_files_.end() && it->second.handles == 0) pending = it->second.file;
+    if (it == open_files_.end()) return Status::OK();
+    if (it->second.handles > 0) {
+      for (const auto& [fh, h] : handles_) {
+        if (h.file == it->second.file && h.unflushed) return Status::OK();
+      }
+    }
+    pending = it->second.file;
   }
-  if (!pending) return Status::OK();
+  // Waits for a commit of it under way (the file's lock); one queued or not yet made runs now.
+  CKPTFS_ASSIGN_OR_RETURN(bool uncommitted, pending->HasUncommittedChanges());
+  if (!uncommitted) return Status::OK();
   return committer_->Commit(std::move(pending), /*release=*/false, /*wait=*/true);
 }
 

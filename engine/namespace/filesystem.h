@@ -237,6 +237,10 @@ class FileSystem {
     int flags = 0;
     std::shared_ptr<ReadAhead> read_ahead = std::make_shared<ReadAhead>();
     bool passthrough = false;
+    // Changed the file since its last FLUSH (a write, O_TRUNC, or passthrough: the kernel's
+    // writes are not seen). close() returns after FLUSH; the kernel's RELEASE comes later, so
+    // a handle that is flushed and not written since is closed as far as its writer knows.
+    bool unflushed = false;
   };
 
   FileSystem(Store* store, const FileSystemOptions& options);
@@ -245,6 +249,7 @@ class FileSystem {
   void SettleReference(OpenInode& f);
   // Marks handle `fh` as passthrough or not (off: the file counts one passthrough handle less).
   void MarkPassthrough(uint64_t fh, bool on);
+  void MarkUnflushed(uint64_t fh, bool unflushed);
   Status Init();
   Result<Inode> MustGet(const Catalog::ReadTxn& txn, Ino ino);
   Status CheckWritable(const Catalog::ReadTxn& txn, const Inode& inode);
@@ -298,6 +303,8 @@ class FileSystem {
                                                          std::optional<DType> to);
   Result<std::shared_ptr<PrecisionPlan>> PrecisionPlanOf(const Inode& file, DType to);
   Result<Inode> ViewReal(Ino ino);
+  // Commits `ino` now (and waits) if it is open, and every handle of it is closed as its writer
+  // sees it: released, read-only, or flushed and not written since.
   Status CommitIfClosed(Ino ino);  // in filesystem.cc
   Result<Inode> ViewInode(Ino ino);
   // A hidden name under a real directory, or any name under a view directory. NotFound if none.

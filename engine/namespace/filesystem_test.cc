@@ -131,6 +131,48 @@ TEST_F(FileSystemTest, StatDuringTheCommitAfterCloseSeesTheWrittenSize) {
   EXPECT_TRUE(fs_->Sync().ok());
 }
 
+// close() returns after FLUSH; the kernel sends RELEASE later, and a lookup of the file's view
+// may come first (torch.save, then a loader opens FILE@fp32 or FILE@tensors). The view shows
+// the closed file's bytes, not the last committed ones; a reader's handle does not hold that
+// back, and a handle still writing keeps the view at the committed bytes.
+TEST_F(FileSystemTest, AViewLookedUpBeforeTheReleaseShowsTheClosedFile) {
+  auto made = fs_->Create(kRootIno, "notes.txt", 0644, O_WRONLY, Caller{});
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  const Ino ino = made->first.ino;
+  ASSERT_TRUE(fs_->Write(made->second, 0, AsBytes("first")).ok());
+  ASSERT_TRUE(fs_->Flush(made->second).ok());
+  ASSERT_TRUE(fs_->Release(made->second).ok());
+  ASSERT_TRUE(fs_->Sync().ok());
+
+  auto reader = fs_->Open(ino, O_RDONLY);
+  auto writer = fs_->Open(ino, O_WRONLY | O_TRUNC);
+  ASSERT_TRUE(reader.ok() && writer.ok());
+  const std::string second = "second, longer bytes";
+  ASSERT_TRUE(fs_->Write(*writer, 0, AsBytes(second)).ok());
+  auto writing = fs_->Lookup(kRootIno, "notes.txt@fp32");
+  ASSERT_TRUE(writing.ok()) << writing.status().ToString();
+  EXPECT_EQ(writing->size, 5u) << "a file being written: its view shows the committed bytes";
+  ASSERT_TRUE(fs_->Flush(*writer).ok());  // close() has returned; RELEASE has not come
+  auto closed = fs_->Lookup(kRootIno, "notes.txt@fp32");
+  ASSERT_TRUE(closed.ok()) << closed.status().ToString();
+  EXPECT_EQ(closed->size, second.size());
+  EXPECT_EQ(ReadAll(closed->ino), second);
+  ASSERT_TRUE(fs_->Release(*writer).ok());
+  ASSERT_TRUE(fs_->Release(*reader).ok());
+
+  // A new file, flushed and not released: its view is there with its bytes.
+  auto fresh = fs_->Create(kRootIno, "fresh.txt", 0644, O_WRONLY, Caller{});
+  ASSERT_TRUE(fresh.ok());
+  ASSERT_TRUE(fs_->Write(fresh->second, 0, AsBytes(second)).ok());
+  ASSERT_TRUE(fs_->Flush(fresh->second).ok());
+  auto view = fs_->Lookup(kRootIno, "fresh.txt@fp32");
+  ASSERT_TRUE(view.ok()) << view.status().ToString();
+  EXPECT_EQ(view->size, second.size());
+  EXPECT_EQ(ReadAll(view->ino), second);
+  ASSERT_TRUE(fs_->Release(fresh->second).ok());
+  EXPECT_TRUE(fs_->Sync().ok());
+}
+
 std::vector<std::string> Journals(const std::filesystem::path& staging) {
   std::vector<std::string> out;
   for (const auto& e : std::filesystem::directory_iterator(staging)) {

@@ -264,6 +264,12 @@ Status OpenInode::error() {
   return error_;
 }
 
+Result<bool> OpenInode::HasUncommittedChanges() {
+  MutexLock lock(mu_);
+  CKPTFS_RETURN_IF_ERROR(RefreshFromBackingLocked());
+  return dirty_;
+}
+
 Status OpenInode::ToStagingLocked() {
   CKPTFS_ASSIGN_OR_RETURN(FileDescriptor fd,
                           ckptfs::OpenFile(staging_dir_, O_TMPFILE | O_RDWR, 0600));

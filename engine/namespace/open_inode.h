@@ -110,6 +110,9 @@ class OpenInode : public IngestTarget, public std::enable_shared_from_this<OpenI
   void TruncateForOpen();
   // The error a write (or commit) hit, if any; does not wait for anything.
   Status error();
+  // Whether the file holds bytes or times that no finished commit took in (a commit under way
+  // is waited for; a passthrough file's staging file is looked at).
+  Result<bool> HasUncommittedChanges();
   // Makes the bytes written so far durable and points the inode at them (one catalog
   // transaction that also releases the content it held). No-op when clean. A missing inode
   // (dropped meanwhile) releases the new content instead.

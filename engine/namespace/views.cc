@@ -193,8 +193,9 @@ Result<std::shared_ptr<PrecisionPlan>> FileSystem::PrecisionPlanOf(const Inode& 
 }
 
 // The committed inode of a file a view reads. A file closed but not yet committed (close()
-// returns first) is committed now, so that a view looked up right after the save sees it; a
-// file still open for writing shows its last committed content.
+// returns first, and the kernel's RELEASE may come after this lookup) is committed now, so
+// that a view looked up right after the save sees it; a file still being written (a handle
+// written since its last flush) shows its last committed content.
 Result<Inode> FileSystem::ViewReal(Ino ino) {
   CKPTFS_RETURN_IF_ERROR(CommitIfClosed(ino));
   CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginRead());
