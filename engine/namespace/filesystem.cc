@@ -443,9 +443,12 @@ Result<std::shared_ptr<OpenInode>> FileSystem::OpenInodeFor(Ino ino) {
     // Read the inode under open_mu_: a commit that finished before the committer forgot the
     // previous open state of this file is visible, so the new state starts from its bytes.
     Inode inode;
+    bool sealed = false;
     {
       CKPTFS_ASSIGN_OR_RETURN(auto txn, store_->catalog().BeginRead());
       CKPTFS_ASSIGN_OR_RETURN(inode, MustGet(txn, ino));
+      // A seal that finished after the caller's own check (Open) is in the catalog by now.
+      sealed = CheckWritable(txn, inode).code() == Status::Code::kReadOnly;
     }
     std::optional<OpenInode::Spool> spool;
     if (ingester_) spool = OpenInode::Spool{ingester_.get(), spool_backlog_.get()};
@@ -454,6 +457,7 @@ Result<std::shared_ptr<OpenInode>> FileSystem::OpenInodeFor(Ino ino) {
     file->on_kernel_bytes = [this](uint64_t n) {
       metrics_.bytes_written.fetch_add(n, std::memory_order_relaxed);
     };
+    file->sealed = sealed;
     it = open_files_.emplace(ino, OpenFile{std::move(file), inode.version, 0}).first;
   }
   // Counted here, under the same lock: the committer forgets an open file without handles.
@@ -500,7 +504,12 @@ Result<uint64_t> FileSystem::Open(Ino ino, int flags) {
     (void)Release(fh);
     return Status::ReadOnly("version is being sealed");
   }
-  if (flags & O_TRUNC) file->TruncateForOpen();
+  if (flags & O_TRUNC) {
+    if (Status s = file->TruncateForOpen(); !s.ok()) {  // sealed meanwhile
+      (void)Release(fh);
+      return s;
+    }
+  }
   return fh;
 }
 

@@ -229,7 +229,7 @@ TEST_F(FileSystemTest, JournalLeftByADeadDaemonIsCommittedAtMount) {
   {  // what the daemon did before kill -9: an O_TRUNC open, the kernel's writes, the fsync
     auto f = std::make_shared<OpenInode>(before, store_.get(), dir_ / "staging",
                                          [this](OpenInode&) { return store_->NewWriter(); });
-    f->TruncateForOpen();
+    ASSERT_TRUE(f->TruncateForOpen().ok());
     auto backing = f->StartPassthrough();
     ASSERT_TRUE(backing.ok()) << backing.status().ToString();
     ASSERT_EQ(::pwrite(backing->get(), bytes.data(), bytes.size(), 0),

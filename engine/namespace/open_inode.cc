@@ -215,7 +215,8 @@ Result<std::optional<size_t>> OpenInode::ReadPending(uint64_t offset, MutableByt
 }
 
 Status OpenInode::Truncate(uint64_t size) {
-  MutexLock lock(mu_);
+  MutexLock lock(mu_);  // Seal() commits under this lock: check after taking it
+  if (sealed) return Status::ReadOnly("version is sealed");
   CKPTFS_RETURN_IF_ERROR(error_);
   CKPTFS_RETURN_IF_ERROR(RefreshFromBackingLocked());
   if (size == size_) return Status::OK();  // the file keeps its bytes (and stays clean if it was)
@@ -234,18 +235,19 @@ Status OpenInode::Truncate(uint64_t size) {
   return Status::OK();
 }
 
-void OpenInode::TruncateForOpen() {
-  MutexLock lock(mu_);
+Status OpenInode::TruncateForOpen() {
+  MutexLock lock(mu_);  // Seal() commits under this lock: check after taking it
+  if (sealed) return Status::ReadOnly("version is sealed");
   error_ = Status::OK();
   if (backing_ && passthrough_handles_.load() > 0) {
     // The kernel writes this staging file through the other handles: empty it, keep it.
     if (::ftruncate(staging_.get(), 0) != 0) {
       error_ = Status::FromErrno(errno, "truncate staging file");
-      return;
+      return Status::OK();  // sticky: the writes and the close report it
     }
     size_ = 0;
     TouchLocked();
-    return;
+    return Status::OK();
   }
   DropStreamLocked();
   staging_ = FileDescriptor();
@@ -253,6 +255,7 @@ void OpenInode::TruncateForOpen() {
   base_ = 0;
   size_ = 0;
   TouchLocked();
+  return Status::OK();
 }
 
 Status OpenInode::error() {

@@ -104,10 +104,11 @@ class OpenInode : public IngestTarget, public std::enable_shared_from_this<OpenI
   // to the file's size either way.
   Result<std::optional<size_t>> ReadPending(uint64_t offset, MutableBytes& out,
                                             ContentId* committed);
-  // Changes the size (truncate or extend with zeros).
+  // Changes the size (truncate or extend with zeros). ReadOnly once `sealed` is set.
   Status Truncate(uint64_t size);
-  // O_TRUNC: empty, and a previous write error forgotten.
-  void TruncateForOpen();
+  // O_TRUNC: empty, and a previous write error forgotten. ReadOnly once `sealed` is set (the
+  // file keeps its bytes); other failures are sticky, as a write's.
+  Status TruncateForOpen();
   // The error a write (or commit) hit, if any; does not wait for anything.
   Status error();
   // Whether the file holds bytes or times that no finished commit took in (a commit under way

@@ -171,7 +171,11 @@ TEST_P(OpenInodeTest, SealedFileRefusesWrites) {
   ASSERT_TRUE(f->Write(0, AsBytes("kept"), false).ok());
   f->sealed = true;
   EXPECT_EQ(f->Write(4, AsBytes("lost"), false).code(), Status::Code::kReadOnly);
+  // Nor truncation: an O_TRUNC open or a truncate() that raced the seal keeps the bytes.
+  EXPECT_EQ(f->TruncateForOpen().code(), Status::Code::kReadOnly);
+  EXPECT_EQ(f->Truncate(1).code(), Status::Code::kReadOnly);
   ASSERT_TRUE(f->Commit().ok());
+  EXPECT_EQ(Committed(2).size, 4u);
   EXPECT_EQ(ReadContent(Committed(2).content, 4), "kept");
 }
 
@@ -195,7 +199,7 @@ TEST_P(OpenInodeTest, FailedWriteIsStickyAndTheInodeKeepsItsContent) {
   EXPECT_FALSE(f->Commit().ok());
   EXPECT_EQ(Committed(2).content, before);
   std::filesystem::create_directories(dir_ / "later");
-  f->TruncateForOpen();  // O_TRUNC starts over
+  ASSERT_TRUE(f->TruncateForOpen().ok());  // O_TRUNC starts over
   EXPECT_TRUE(f->error().ok());
   ASSERT_TRUE(f->Write(0, AsBytes("new"), false).ok());
   ASSERT_TRUE(f->Commit().ok());
@@ -325,7 +329,7 @@ TEST_P(OpenInodeTest, PassthroughJoinTruncateAndSetattr) {
   KernelWrite(*fd, 0, "first writer's bytes");
   ASSERT_TRUE(f->AddPassthroughHandle());  // a second open of the file
   EXPECT_EQ(f->passthrough_handles(), 2);
-  f->TruncateForOpen();  // it had O_TRUNC: the shared file empties, and stays
+  ASSERT_TRUE(f->TruncateForOpen().ok());  // it had O_TRUNC: the shared file empties, and stays
   struct stat st {};
   ASSERT_EQ(::fstat(fd->get(), &st), 0);
   EXPECT_EQ(st.st_size, 0);
@@ -417,7 +421,7 @@ TEST_P(OpenInodeTest, AJournalLeftByADeadDaemonIsAdoptedAndCommitted) {
   const std::string name = OpenInode::JournalName(2, committed);
   {
     auto f = Open(Committed(2));
-    f->TruncateForOpen();  // open(O_TRUNC): empty, so passthrough may start
+    ASSERT_TRUE(f->TruncateForOpen().ok());  // open(O_TRUNC): empty, so passthrough may start
     auto fd = f->StartPassthrough();
     ASSERT_TRUE(fd.ok()) << fd.status().ToString();
     KernelWrite(*fd, 0, expect);

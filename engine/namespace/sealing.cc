@@ -35,7 +35,7 @@ Status FileSystem::Seal(Ino ino) {
     }
     if (inode.sealed()) return Status::OK();
   }
-  std::vector<std::shared_ptr<OpenInode>> in_version;
+  std::vector<std::shared_ptr<OpenInode>> in_version, marked;
   {
     MutexLock lock(open_mu_);
     sealing_.insert(ino);  // files opened from now on are sealed too (OpenInodeFor)
@@ -49,14 +49,16 @@ Status FileSystem::Seal(Ino ino) {
     }
     for (const auto& [i, open] : open_files_) {
       if (open.version == ino || i == ino) {
-        open.file->sealed = true;  // further writes fail with EROFS
+        // Further writes fail with EROFS. (A file sealed already, a file version of its own,
+        // stays so whatever this seal does.)
+        if (!open.file->sealed.exchange(true)) marked.push_back(open.file);
         in_version.push_back(open.file);
       }
     }
     // A passthrough start that raced the check above sees `sealed` now, or is seen here.
     for (const auto& file : in_version) {
       if (file->passthrough_handles() > 0) {
-        for (const auto& f : in_version) f->sealed = false;
+        for (const auto& f : marked) f->sealed = false;
         sealing_.erase(ino);
         return Status::Busy("a file of this version was just opened through FUSE passthrough");
       }
@@ -66,6 +68,9 @@ Status FileSystem::Seal(Ino ino) {
   {
     MutexLock lock(open_mu_);
     sealing_.erase(ino);
+    if (!s.ok()) {
+      for (const auto& f : marked) f->sealed = false;  // the version stays writable
+    }
   }
   if (s.ok()) {
     spdlog::info("sealed version {}", VersionName(store_->catalog(), ino));
