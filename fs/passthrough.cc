@@ -123,6 +123,7 @@ void FusePassthrough::PatchReply(struct iovec* iov, int count) {
               Load32(body + kInitOutFlags2) | static_cast<uint32_t>(kInitPassthrough >> 32));
       Store32(body + kInitOutStackDepth, 1);
       enabled_ = true;
+      new_files_ = true;
       spdlog::info("FUSE passthrough: on (files written from empty pass through)");
     }
     return;
@@ -148,9 +149,10 @@ void FusePassthrough::PatchReply(struct iovec* iov, int count) {
 }
 
 void FusePassthrough::Disable(const char* why, int err) {
-  if (enabled_.exchange(false)) {
-    spdlog::warn("FUSE passthrough: off from now on ({}: {}); files go through the daemon", why,
-                 std::strerror(err));
+  if (new_files_.exchange(false)) {
+    spdlog::warn(
+        "FUSE passthrough: off for new files from now on ({}: {}); they go through the daemon", why,
+        std::strerror(err));
   }
 }
 
@@ -178,7 +180,7 @@ void FusePassthrough::Opened(FileSystem& fs, uint64_t ino, uint64_t fh) {
     ++opened_;
     return;
   }
-  if (!fs.PassthroughEligible(fh)) return;
+  if (!new_files_.load() || !fs.PassthroughEligible(fh)) return;
   by_ino_[ino].handles = 1;  // pending: later opens of the file wait for it
   lock.unlock();
   auto fd = fs.StartPassthrough(fh);

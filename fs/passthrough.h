@@ -46,8 +46,9 @@ class FusePassthrough {
   // Releases handle `fh` of `fs` (through the instance's bookkeeping when there is one).
   static Status Release(FileSystem& fs, uint64_t fh);
 
-  // Whether the kernel agreed to passthrough at INIT (and no ioctl has failed since).
-  bool enabled() const { return enabled_.load(); }
+  // Whether the kernel agreed to passthrough at INIT and no ioctl has failed since (new files
+  // pass through).
+  bool enabled() const { return new_files_.load(); }
   // Handles opened with passthrough so far.
   uint64_t opened() const { return opened_.load(); }
   // For OnOpen/OnCreate once `fs` made handle `fh` of `ino`, before the reply: makes it a
@@ -73,7 +74,8 @@ class FusePassthrough {
 
   const int dev_fd_;
   const bool allowed_;
-  std::atomic<bool> enabled_{false};
+  std::atomic<bool> enabled_{false};    // the kernel agreed at INIT: opens are looked at
+  std::atomic<bool> new_files_{false};  // files without passthrough handles may start some
   std::atomic<uint64_t> opened_{0};
   std::atomic<uint64_t> init_unique_{0};    // the INIT request's, until its reply
   std::atomic<bool> kernel_offers_{false};  // FUSE_PASSTHROUGH in the INIT request

@@ -285,6 +285,8 @@ class FileSystem {
   // Seals every file version (file_versions.h) that a newer one in its directory follows and
   // that has been idle for seal_after.
   void SealIdleFileVersions(std::chrono::system_clock::time_point now);
+  // A file of version (or file version) `ino` has passthrough handles (sealing.cc).
+  bool HasPassthroughWriter(Ino ino);
 
   // Restore order: reads of optimizer-state files (a name that contains "optim", as DeepSpeed's
   // *_optim_states.pt and HF's optimizer.pt do) prefetch at WorkerPool::Priority::kLow, so

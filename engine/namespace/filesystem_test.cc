@@ -173,6 +173,55 @@ TEST_F(FileSystemTest, AViewLookedUpBeforeTheReleaseShowsTheClosedFile) {
   EXPECT_TRUE(fs_->Sync().ok());
 }
 
+// `torch.save` then `ckptfs seal`: close() has returned (FLUSH), and the kernel's RELEASE of
+// the passthrough handle comes a moment later. The seal waits for it instead of answering
+// EBUSY ("close it first") about a file that is closed.
+TEST_F(FileSystemTest, SealRightAfterAPassthroughCloseWaitsForTheRelease) {
+  auto version = fs_->Mkdir(kRootIno, "global_step1", 0755, Caller{});
+  ASSERT_TRUE(version.ok()) << version.status().ToString();
+  auto made = fs_->Create(version->ino, "model.pt", 0644, O_WRONLY | O_TRUNC, Caller{});
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  auto backing = fs_->StartPassthrough(made->second);
+  ASSERT_TRUE(backing.ok()) << backing.status().ToString();
+  const std::string bytes = "written by the kernel, closed before the seal";
+  ASSERT_EQ(::pwrite(backing->get(), bytes.data(), bytes.size(), 0),
+            static_cast<ssize_t>(bytes.size()));
+  ASSERT_TRUE(fs_->Flush(made->second).ok());
+  std::thread release([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    EXPECT_TRUE(fs_->Release(made->second).ok());
+  });
+  const Status sealed = fs_->Seal(version->ino);
+  release.join();
+  EXPECT_TRUE(sealed.ok()) << sealed.ToString();
+  EXPECT_EQ(ReadAll(made->first.ino), bytes);
+  EXPECT_EQ(fs_->Open(made->first.ino, O_WRONLY).status().code(), Status::Code::kReadOnly);
+}
+
+// A view handle reads the content it was opened on. Once its file is rewritten (that content
+// released), a read says the handle is stale (ESTALE), not that something is missing (ENOENT).
+TEST_F(FileSystemTest, AViewOfARewrittenFileIsStale) {
+  auto made = fs_->Create(kRootIno, "notes.txt", 0644, O_WRONLY, Caller{});
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  ASSERT_TRUE(fs_->Write(made->second, 0, AsBytes("first")).ok());
+  ASSERT_TRUE(fs_->Release(made->second).ok());
+  auto file = fs_->Lookup(kRootIno, "notes.txt");
+  ASSERT_TRUE(file.ok());
+  ASSERT_TRUE(fs_->Sync().ok());
+  auto view = fs_->Lookup(kRootIno, "notes.txt@fp32");
+  ASSERT_TRUE(view.ok()) << view.status().ToString();
+  auto fh = fs_->Open(view->ino, O_RDONLY);
+  ASSERT_TRUE(fh.ok()) << fh.status().ToString();
+  ASSERT_TRUE(WriteAll(file->ino, O_WRONLY | O_TRUNC, 0, "second").ok());
+  ASSERT_TRUE(fs_->Sync().ok());
+  std::string out(16, '\0');
+  auto n = fs_->Read(*fh, 0, MutableBytes(reinterpret_cast<std::byte*>(out.data()), out.size()));
+  ASSERT_FALSE(n.ok());
+  EXPECT_EQ(n.status().ToErrno(), ESTALE) << n.status().ToString();
+  ASSERT_TRUE(fs_->Release(*fh).ok());
+  EXPECT_EQ(ReadAll(view->ino), "second");
+}
+
 std::vector<std::string> Journals(const std::filesystem::path& staging) {
   std::vector<std::string> out;
   for (const auto& e : std::filesystem::directory_iterator(staging)) {

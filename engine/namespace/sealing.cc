@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <thread>
 
 #include "engine/namespace/file_versions.h"
 #include "engine/namespace/filesystem.h"
@@ -34,6 +35,12 @@ Status FileSystem::Seal(Ino ino) {
           "directory marked for file versions) can be sealed");
     }
     if (inode.sealed()) return Status::OK();
+  }
+  // close() returns before the kernel's RELEASE reaches the daemon: a passthrough file closed
+  // right before this seal (`torch.save` then `ckptfs seal`) may count its handle a moment
+  // longer. Give that up to a second before calling the file busy.
+  for (int waited_ms = 0; waited_ms < 1000 && HasPassthroughWriter(ino); waited_ms += 5) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   std::vector<std::shared_ptr<OpenInode>> in_version, marked;
   {
@@ -80,6 +87,14 @@ Status FileSystem::Seal(Ino ino) {
   return s;
 }
 
+bool FileSystem::HasPassthroughWriter(Ino ino) {
+  MutexLock lock(open_mu_);
+  for (const auto& [i, open] : open_files_) {
+    if ((open.version == ino || i == ino) && open.file->passthrough_handles() > 0) return true;
+  }
+  return false;
+}
+
 void FileSystem::SealIdleFileVersions(std::chrono::system_clock::time_point now) {
   std::vector<FileVersionEntry> files;
   {
@@ -107,6 +122,16 @@ void FileSystem::SealIdleFileVersions(std::chrono::system_clock::time_point now)
     {
       MutexLock lock(open_mu_);
       if (open_files_.count(f.inode.ino) != 0) continue;
+    }
+    // Not open now, so its last commit is in the catalog: read its times again (the list may
+    // predate a write that was open then and has been committed and forgotten since).
+    {
+      auto txn = store_->catalog().BeginRead();
+      if (!txn.ok()) continue;
+      auto fresh = GetInode(*txn, f.inode.ino);
+      if (!fresh.ok() || !*fresh || (*fresh)->sealed()) continue;
+      const int64_t changed = std::max((*fresh)->mtime_ns, (*fresh)->ctime_ns);
+      if (now_ns - changed < std::chrono::nanoseconds(options_.seal_after).count()) continue;
     }
     Status s = Seal(f.inode.ino);
     if (!s.ok()) spdlog::warn("automatic seal of file version {} failed: {}", f.path, s.ToString());

@@ -369,7 +369,14 @@ Result<size_t> FileSystem::ViewRead(uint64_t fh, uint64_t offset, MutableBytes o
     if (it == views_->handles.end()) return Errno(EBADF, "view handle");
     open = it->second;
   }
-  CKPTFS_ASSIGN_OR_RETURN(size_t n, open->file->Read(offset, out, ContentSource(open->content)));
+  Result<size_t> read = open->file->Read(offset, out, ContentSource(open->content));
+  if (!read.ok() && read.status().IsNotFound()) {
+    // The content this handle reads was released: its file was rewritten or removed since the
+    // view was opened (a regular handle reads the new content; a view's layout is the old one).
+    return Errno(ESTALE,
+                 "the file was rewritten or removed while its view was open; open it again");
+  }
+  CKPTFS_ASSIGN_OR_RETURN(size_t n, std::move(read));
   // Sequential readers get the next readahead_bytes of this file's own source ranges
   // prefetched: never bytes of tensors the reader does not ask for.
   const auto [from, len] = open->window.Advance(offset, n);
