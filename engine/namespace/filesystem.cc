@@ -921,12 +921,17 @@ Result<Inode> FileSystem::SetAttr(Ino ino, const SetAttrRequest& req) {
     if (req.mtime_ns) inode.mtime_ns = *req.mtime_ns;
     inode.ctime_ns = NowUnixNs();
     CKPTFS_RETURN_IF_ERROR(PutInode(txn, inode));
-    if (req.mtime_ns) {  // before Commit: a concurrent commit of the file binds this mtime
+    if (req.mtime_ns) {
+      // The open file's view takes it before the transaction commits (a commit of the file
+      // binds this mtime), and the transaction commits under open_mu_: an open in between
+      // would start from the catalog's older mtime (OpenInodeFor reads it under this lock).
       MutexLock lock(open_mu_);
       auto it = open_files_.find(ino);
       if (it != open_files_.end()) it->second.file->set_mtime_view(*req.mtime_ns);
+      CKPTFS_RETURN_IF_ERROR(txn.Commit());
+    } else {
+      CKPTFS_RETURN_IF_ERROR(txn.Commit());
     }
-    CKPTFS_RETURN_IF_ERROR(txn.Commit());
   }
   return GetAttr(ino);
 }
