@@ -762,7 +762,8 @@ void FileSystem::MarkPassthrough(uint64_t fh, bool on) {
   auto it = handles_.find(fh);
   if (it == handles_.end() || it->second.passthrough == on) return;
   it->second.passthrough = on;
-  if (on) it->second.unflushed = true;  // the kernel writes it unseen until the next FLUSH
+  // The kernel writes through it unseen until the next FLUSH (a reader that joined does not).
+  if (on && (it->second.flags & O_ACCMODE) != O_RDONLY) it->second.unflushed = true;
   if (!on) it->second.file->EndPassthroughHandle();
 }
 
