@@ -390,6 +390,13 @@ Status FileSystem::Rename(Ino parent, std::string_view name, Ino new_parent,
   CKPTFS_ASSIGN_OR_RETURN(std::optional<Ino> dst_ino, GetDirent(txn, new_parent, new_name));
   // Held until the commit (see Unlink), and after it for the open file's version.
   MutexLock open_lock(open_mu_);
+  // A seal under way of either version has marked that version's open files, and its own
+  // write transaction waits for this one: moving a file out of it would take a file marked
+  // read-only along, moving one in would leave a writable open file in a sealed version.
+  if (sealing_.count(src.version) != 0 || sealing_.count(new_version) != 0 ||
+      sealing_.count(src.ino) != 0) {
+    return Status::ReadOnly("version is being sealed");
+  }
   if (dst_ino) {
     if (*dst_ino == src.ino) return Status::OK();
     if (flags & RENAME_NOREPLACE) return Status::AlreadyExists(std::string(new_name));
