@@ -341,6 +341,8 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
       spdlog::warn("FUSE passthrough unavailable: {}", s.ToString());
     }
   }
+  // A rewrite of a file changes its views: the kernel drops what it caches of them at once.
+  (*fs)->SetOnViewChanged([se](Ino ino) { (void)fuse_lowlevel_notify_inval_inode(se, ino, 0, 0); });
   // Rotation as versions seal; the kernel forgets each removed name at once.
   std::unique_ptr<Retention> retention;
   if (args.keep_last > 0) {
@@ -400,6 +402,7 @@ int Serve(const MountArgs& args, ReadyPipe ready) {
   (void)NotifyServiceManager("STOPPING=1\nSTATUS=committing accepted files");
   trimmer.request_stop();
   (*fs)->SetOnSealed(nullptr);
+  (*fs)->SetOnViewChanged(nullptr);  // commits go on after the session is gone
   retention.reset();  // finishes a pass in progress (it may notify the session: still there)
   fuse_loop_cfg_destroy(cfg);
   fuse_session_unmount(se);

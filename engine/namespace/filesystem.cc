@@ -465,6 +465,7 @@ Result<std::shared_ptr<OpenInode>> FileSystem::OpenInodeFor(Ino ino) {
       metrics_.bytes_written.fetch_add(n, std::memory_order_relaxed);
     };
     file->sealed = sealed;
+    file->on_content_changed = [this](Ino changed) { ViewsChanged(changed); };
     it = open_files_.emplace(ino, OpenFile{std::move(file), inode.version, 0}).first;
   }
   // Counted here, under the same lock: the committer forgets an open file without handles.

@@ -196,6 +196,14 @@ class FileSystem {
     MutexLock lock(on_sealed_mu_);
     on_sealed_ = std::move(fn);
   }
+  // Runs with the inode of each view (views.cc) derived from a file whose commit gave it
+  // another content or size, on the committing thread, with only on_view_changed_mu_ held:
+  // the mount tells the kernel to drop what it caches of them (attributes, pages), which it
+  // would otherwise keep for the attribute timeout. Null: none.
+  void SetOnViewChanged(std::function<void(Ino)> fn) {
+    MutexLock lock(on_view_changed_mu_);
+    on_view_changed_ = std::move(fn);
+  }
   // Whether `ino` is a file whose bytes are generated at open (the kernel must not cache them,
   // and its reported size is 0: open it with direct I/O).
   bool IsGeneratedFile(Ino ino);
@@ -315,6 +323,8 @@ class FileSystem {
   Result<size_t> ViewRead(uint64_t fh, uint64_t offset, MutableBytes out);
   Status ViewRelease(uint64_t fh);
   Result<std::vector<DirEntry>> ViewListDir(Ino ino);
+  // A commit changed file `real`: on_view_changed_ for each view looked up from it.
+  void ViewsChanged(Ino real);
   const std::shared_ptr<ViewState> views_ = MakeViewState();
   // ---- end of views ----------------------------------------------------------------------
 
@@ -345,6 +355,8 @@ class FileSystem {
   std::function<std::string()> live_stats_;  // set before serving, then read-only
   Mutex on_sealed_mu_;
   std::function<void()> on_sealed_ GUARDED_BY(on_sealed_mu_);
+  Mutex on_view_changed_mu_;
+  std::function<void(Ino)> on_view_changed_ GUARDED_BY(on_view_changed_mu_);
 
   std::unique_ptr<Committer> committer_;
   std::unique_ptr<ByteBudget> spool_backlog_;  // when spooling

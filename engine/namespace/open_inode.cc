@@ -36,6 +36,7 @@ OpenInode::OpenInode(const Inode& inode, Store* store, std::filesystem::path sta
       new_writer_(std::move(new_writer)),
       base_(inode.content),
       committed_(inode.content),
+      committed_size_(inode.size),
       size_(inode.size),
       size_view_(inode.size),
       mtime_view_(inode.mtime_ns),
@@ -302,6 +303,13 @@ Status OpenInode::ToStagingLocked() {
 }
 
 Status OpenInode::Commit() {
+  bool changed = false;
+  Status s = CommitOnce(&changed);
+  if (changed && on_content_changed) on_content_changed(ino);
+  return s;
+}
+
+Status OpenInode::CommitOnce(bool* changed) {
   MutexLock lock(mu_);
   // With no passthrough handle, or under an fsync (the kernel holds the inode's lock), no
   // kernel write runs while this commit reads the staging file; else one may, unseen: the next
@@ -410,6 +418,8 @@ Status OpenInode::Commit() {
     }
     return id.status();
   }
+  *changed = committed_ != *id || size != committed_size_;
+  committed_size_ = size;
   base_ = *id;
   committed_ = *id;
   dirty_ = false;

@@ -174,6 +174,10 @@ class OpenInode : public IngestTarget, public std::enable_shared_from_this<OpenI
   // Called with the bytes a passthrough file grew by, as this class learns of them (for the
   // daemon's bytes-written counter). Set before the file is shared; null: none.
   std::function<void(uint64_t)> on_kernel_bytes;
+  // Called after a commit that gave the inode another content or size (outside the file's
+  // lock, on the committing thread): the views derived from it changed. Set before the file is
+  // shared; null: none.
+  std::function<void(Ino)> on_content_changed;
 
   const Ino ino;
   // ---- FileSystem's bookkeeping (filesystem.cc) -------------------------------------------
@@ -185,6 +189,7 @@ class OpenInode : public IngestTarget, public std::enable_shared_from_this<OpenI
   std::atomic<bool> reference_settled{false};
 
  private:
+  Status CommitOnce(bool* changed);  // Commit() but the callback
   Status ToStagingLocked() REQUIRES(mu_);
   void TouchLocked() REQUIRES(mu_);  // size_ set: publishes size and mtime
   // Reads [offset, offset + out.size()) of the file as written so far; REQUIRES: not staged,
@@ -210,6 +215,7 @@ class OpenInode : public IngestTarget, public std::enable_shared_from_this<OpenI
   Mutex mu_;
   ContentId base_ GUARDED_BY(mu_);          // committed content the bytes start from
   ContentId committed_ GUARDED_BY(mu_);     // the inode's content in the catalog
+  uint64_t committed_size_ GUARDED_BY(mu_);  // and its size there
   uint64_t size_ GUARDED_BY(mu_);
   bool dirty_ GUARDED_BY(mu_) = false;      // differs from the committed inode
   FileDescriptor staging_ GUARDED_BY(mu_);  // staging mode

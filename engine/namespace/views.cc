@@ -388,6 +388,24 @@ Result<size_t> FileSystem::ViewRead(uint64_t fh, uint64_t offset, MutableBytes o
   return n;
 }
 
+void FileSystem::ViewsChanged(Ino real) {
+  using Kind = ViewState::Node::Kind;
+  std::vector<Ino> changed;
+  {
+    MutexLock lock(views_->mu);
+    for (size_t i = 0; i < views_->nodes.size(); ++i) {
+      const ViewState::Node& n = views_->nodes[i];
+      if (n.real == real && n.kind != Kind::kLiveDir && n.kind != Kind::kLiveFile &&
+          n.kind != Kind::kPrecisionDir) {
+        changed.push_back(kViewInoBit | (i + 1));
+      }
+    }
+  }
+  MutexLock lock(on_view_changed_mu_);
+  if (!on_view_changed_) return;
+  for (Ino ino : changed) on_view_changed_(ino);
+}
+
 Status FileSystem::ViewRelease(uint64_t fh) {
   MutexLock lock(views_->mu);
   return views_->handles.erase(fh) == 1 ? Status::OK() : Errno(EBADF, "view handle");

@@ -86,6 +86,18 @@ class PrecisionViewTest(mounted.MountedTestCase):
         arr_dir = self.m.path("v1@bf16", "model_states.pt@tensors")
         self.assertIn("index.json", os.listdir(arr_dir))
 
+    def test_views_follow_a_rewrite_at_once(self):
+        # The kernel caches a view's attributes and pages like a file's; a rewrite of the real
+        # file (larger, smaller, same size) must show in its view right away, not after the
+        # attribute timeout (the daemon invalidates the view's inode at the commit).
+        d = self.version_dir("v3")
+        view = self.m.path("v3", "notes.txt@fp32")
+        for data in (b"A" * 10, b"B" * 10, b"C" * 20, b"DD"):
+            with open(os.path.join(d, "notes.txt"), "wb") as f:
+                f.write(data)
+            self.assertEqual(mounted.read_file(view), data)
+            self.assertEqual(os.stat(view).st_size, len(data))
+
     def test_safetensors(self):
         d = self.version_dir("v2")
         torch.manual_seed(9)
