@@ -61,21 +61,18 @@ inline CodecVectorLevel CodecVectorLevelInUse() {
 // and later do): byte permutes (VBMI: rANS's lookups by rank) and byte compression (VBMI2:
 // ByteHistogram's zero skipping). Only consulted at the AVX-512 level, so the tests' cap turns
 // them off with it.
-inline bool CodecCpuHasAvx512Vbmi() {
 #if defined(__x86_64__)
-  static const bool has = __builtin_cpu_supports("avx512vbmi");
-  return has;
+#define CKPTFS_CPU_SUPPORTS(feature) __builtin_cpu_supports(feature)
 #else
-  return false;
+#define CKPTFS_CPU_SUPPORTS(feature) false
 #endif
+inline bool CodecCpuHasAvx512Vbmi() {
+  static const bool has = CKPTFS_CPU_SUPPORTS("avx512vbmi");
+  return has;
 }
 inline bool CodecCpuHasAvx512Vbmi2() {
-#if defined(__x86_64__)
-  static const bool has = __builtin_cpu_supports("avx512vbmi2");
+  static const bool has = CKPTFS_CPU_SUPPORTS("avx512vbmi2");
   return has;
-#else
-  return false;
-#endif
 }
 
 // For tests: uses at most `cap` from now on (in every thread); returns the previous cap.

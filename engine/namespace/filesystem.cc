@@ -702,7 +702,8 @@ Status FileSystem::Write(uint64_t fh, uint64_t offset, Bytes data) {
   CKPTFS_ASSIGN_OR_RETURN(Handle h, GetHandle(fh));
   OpenInode& f = *h.file;
   SettleReference(f);  // before the file's lock: the committer needs it
-  if (!h.unflushed) MarkUnflushed(fh, true);  // before the bytes: see CommitIfClosed
+  // Marked before the bytes land: CommitIfClosed must not take this file for closed meanwhile.
+  if (!h.unflushed) MarkUnflushed(fh, true);
   Status s = f.Write(offset, data, (h.flags & O_APPEND) != 0);
   if (s.ok()) metrics_.bytes_written.fetch_add(data.size(), std::memory_order_relaxed);
   return s;
@@ -930,17 +931,15 @@ Result<Inode> FileSystem::SetAttr(Ino ino, const SetAttrRequest& req) {
     if (req.mtime_ns) inode.mtime_ns = *req.mtime_ns;
     inode.ctime_ns = NowUnixNs();
     CKPTFS_RETURN_IF_ERROR(PutInode(txn, inode));
+    // An open file's view takes a new mtime before the transaction commits (a commit of the
+    // file binds this mtime), and the transaction commits under open_mu_: an open in between
+    // would start from the catalog's older mtime (OpenInodeFor reads it under this lock).
+    MutexLock lock(open_mu_);
     if (req.mtime_ns) {
-      // The open file's view takes it before the transaction commits (a commit of the file
-      // binds this mtime), and the transaction commits under open_mu_: an open in between
-      // would start from the catalog's older mtime (OpenInodeFor reads it under this lock).
-      MutexLock lock(open_mu_);
       auto it = open_files_.find(ino);
       if (it != open_files_.end()) it->second.file->set_mtime_view(*req.mtime_ns);
-      CKPTFS_RETURN_IF_ERROR(txn.Commit());
-    } else {
-      CKPTFS_RETURN_IF_ERROR(txn.Commit());
     }
+    CKPTFS_RETURN_IF_ERROR(txn.Commit());
   }
   return GetAttr(ino);
 }

@@ -158,9 +158,10 @@ class FileSystem {
   void ReleaseDir(uint64_t dh);
 
   // Control attributes (not listed): setting user.ckptfs.seal on a version seals it, setting
-  // user.ckptfs.sync anywhere runs Sync() and waits for the store's re-encoder, user.ckptfs.gc runs Sync() then the store's Gc();
-  // user.ckptfs.sealed reads "1" or "0" for anything in a version, user.ckptfs.pid the serving
-  // process, user.ckptfs.stats logical and stored bytes. The CLI's seal/sync/umount/gc use them.
+  // user.ckptfs.sync anywhere runs Sync() and waits for the store's re-encoder, user.ckptfs.gc runs
+  // Sync() then the store's Gc(); user.ckptfs.sealed reads "1" or "0" for anything in a version,
+  // user.ckptfs.pid the serving process, user.ckptfs.stats logical and stored bytes. The CLI's
+  // seal/sync/umount/gc use them.
   Status SetXattr(Ino ino, std::string_view name, std::string_view value, int flags);
   Result<std::string> GetXattr(Ino ino, std::string_view name);
   Result<std::vector<std::string>> ListXattr(Ino ino);
@@ -294,7 +295,7 @@ class FileSystem {
   // that has been idle for seal_after.
   void SealIdleFileVersions(std::chrono::system_clock::time_point now);
   // A file of version (or file version) `ino` has passthrough handles (sealing.cc).
-  bool HasPassthroughWriter(Ino ino);
+  bool HasPassthroughWriterLocked(Ino ino) REQUIRES(open_mu_);
 
   // Restore order: reads of optimizer-state files (a name that contains "optim", as DeepSpeed's
   // *_optim_states.pt and HF's optimizer.pt do) prefetch at WorkerPool::Priority::kLow, so

@@ -41,6 +41,18 @@ class FileSystemTest : public ::testing::Test {
     Status r = fs_->Release(fh);
     return s.ok() ? r : s;
   }
+  // A new file opened with O_TRUNC whose handle passes through (as the FUSE adapter makes it),
+  // with `bytes` written into its staging file as the kernel writes them; the handle stays open.
+  void CreateWrittenByKernel(Ino parent, const std::string& name, const std::string& bytes,
+                             std::pair<Inode, uint64_t>* made) {
+    auto created = fs_->Create(parent, name, 0644, O_WRONLY | O_TRUNC, Caller{});
+    ASSERT_TRUE(created.ok()) << created.status().ToString();
+    auto backing = fs_->StartPassthrough(created->second);
+    ASSERT_TRUE(backing.ok()) << backing.status().ToString();
+    ASSERT_EQ(::pwrite(backing->get(), bytes.data(), bytes.size(), 0),
+              static_cast<ssize_t>(bytes.size()));
+    *made = *created;
+  }
   std::string ReadAll(Ino ino) {
     auto fh = fs_->Open(ino, O_RDONLY);
     if (!fh.ok()) return "error: " + fh.status().ToString();
@@ -179,23 +191,19 @@ TEST_F(FileSystemTest, AViewLookedUpBeforeTheReleaseShowsTheClosedFile) {
 TEST_F(FileSystemTest, SealRightAfterAPassthroughCloseWaitsForTheRelease) {
   auto version = fs_->Mkdir(kRootIno, "global_step1", 0755, Caller{});
   ASSERT_TRUE(version.ok()) << version.status().ToString();
-  auto made = fs_->Create(version->ino, "model.pt", 0644, O_WRONLY | O_TRUNC, Caller{});
-  ASSERT_TRUE(made.ok()) << made.status().ToString();
-  auto backing = fs_->StartPassthrough(made->second);
-  ASSERT_TRUE(backing.ok()) << backing.status().ToString();
   const std::string bytes = "written by the kernel, closed before the seal";
-  ASSERT_EQ(::pwrite(backing->get(), bytes.data(), bytes.size(), 0),
-            static_cast<ssize_t>(bytes.size()));
-  ASSERT_TRUE(fs_->Flush(made->second).ok());
+  std::pair<Inode, uint64_t> made;
+  ASSERT_NO_FATAL_FAILURE(CreateWrittenByKernel(version->ino, "model.pt", bytes, &made));
+  ASSERT_TRUE(fs_->Flush(made.second).ok());
   std::thread release([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    EXPECT_TRUE(fs_->Release(made->second).ok());
+    EXPECT_TRUE(fs_->Release(made.second).ok());
   });
   const Status sealed = fs_->Seal(version->ino);
   release.join();
   EXPECT_TRUE(sealed.ok()) << sealed.ToString();
-  EXPECT_EQ(ReadAll(made->first.ino), bytes);
-  EXPECT_EQ(fs_->Open(made->first.ino, O_WRONLY).status().code(), Status::Code::kReadOnly);
+  EXPECT_EQ(ReadAll(made.first.ino), bytes);
+  EXPECT_EQ(fs_->Open(made.first.ino, O_WRONLY).status().code(), Status::Code::kReadOnly);
 }
 
 // A view handle reads the content it was opened on. Once its file is rewritten (that content
@@ -242,19 +250,15 @@ Inode CatalogInode(Store& store, Ino ino) {
 // fsync of a passthrough handle (the FUSE adapter gave the kernel the staging file) is
 // answered from the journal: nothing is committed until the close; then the journal goes.
 TEST_F(FileSystemTest, FsyncOfAPassthroughFileJournalsAndCloseCommits) {
-  auto made = fs_->Create(kRootIno, "model.pt", 0644, O_WRONLY | O_TRUNC, Caller{});
-  ASSERT_TRUE(made.ok()) << made.status().ToString();
-  const Ino ino = made->first.ino;
-  auto backing = fs_->StartPassthrough(made->second);
-  ASSERT_TRUE(backing.ok()) << backing.status().ToString();
   const std::string bytes = "written by the kernel into the staging file";
-  ASSERT_EQ(::pwrite(backing->get(), bytes.data(), bytes.size(), 0),
-            static_cast<ssize_t>(bytes.size()));
-  ASSERT_TRUE(fs_->Fsync(made->second).ok());
+  std::pair<Inode, uint64_t> made;
+  ASSERT_NO_FATAL_FAILURE(CreateWrittenByKernel(kRootIno, "model.pt", bytes, &made));
+  const Ino ino = made.first.ino;
+  ASSERT_TRUE(fs_->Fsync(made.second).ok());
   EXPECT_EQ(Journals(dir_ / "staging").size(), 1u);
   EXPECT_EQ(CatalogInode(*store_, ino).size, 0u);
   EXPECT_EQ(ReadAll(ino), bytes);
-  ASSERT_TRUE(fs_->Release(made->second).ok());
+  ASSERT_TRUE(fs_->Release(made.second).ok());
   ASSERT_TRUE(fs_->Sync().ok());
   EXPECT_EQ(CatalogInode(*store_, ino).size, bytes.size());
   EXPECT_TRUE(Journals(dir_ / "staging").empty());

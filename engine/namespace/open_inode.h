@@ -213,8 +213,8 @@ class OpenInode : public IngestTarget, public std::enable_shared_from_this<OpenI
   const WriterFactory new_writer_;
 
   Mutex mu_;
-  ContentId base_ GUARDED_BY(mu_);          // committed content the bytes start from
-  ContentId committed_ GUARDED_BY(mu_);     // the inode's content in the catalog
+  ContentId base_ GUARDED_BY(mu_);           // committed content the bytes start from
+  ContentId committed_ GUARDED_BY(mu_);      // the inode's content in the catalog
   uint64_t committed_size_ GUARDED_BY(mu_);  // and its size there
   uint64_t size_ GUARDED_BY(mu_);
   bool dirty_ GUARDED_BY(mu_) = false;      // differs from the committed inode
@@ -256,9 +256,9 @@ class OpenInode : public IngestTarget, public std::enable_shared_from_this<OpenI
   std::unique_ptr<ContentWriter> writer_;
   FileDescriptor spool_;  // the spooled bytes: file bytes [spool_start_, spooled_end_)
   uint64_t spool_start_ = 0;
-  std::atomic<uint64_t> spooled_end_{0};  // advanced by Write under mu_
-  uint64_t ingested_ GUARDED_BY(ingest_mu_) = 0;  // appended up to here
-  uint64_t punched_ GUARDED_BY(ingest_mu_) = 0;   // spool offset; pages before it are freed
+  std::atomic<uint64_t> spooled_end_{0};            // advanced by Write under mu_
+  uint64_t ingested_ GUARDED_BY(ingest_mu_) = 0;    // appended up to here
+  uint64_t punched_ GUARDED_BY(ingest_mu_) = 0;     // spool offset; pages before it are freed
   bool punch_holes_ GUARDED_BY(ingest_mu_) = true;  // false where fallocate cannot
   Status ingest_error_ GUARDED_BY(ingest_mu_);
   std::atomic<bool> ingest_failed_{false};

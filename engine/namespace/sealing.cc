@@ -39,21 +39,22 @@ Status FileSystem::Seal(Ino ino) {
   // close() returns before the kernel's RELEASE reaches the daemon: a passthrough file closed
   // right before this seal (`torch.save` then `ckptfs seal`) may count its handle a moment
   // longer. Give that up to a second before calling the file busy.
-  for (int waited_ms = 0; waited_ms < 1000 && HasPassthroughWriter(ino); waited_ms += 5) {
+  for (int waited_ms = 0; waited_ms < 1000; waited_ms += 5) {
+    {
+      MutexLock lock(open_mu_);
+      if (!HasPassthroughWriterLocked(ino)) break;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   std::vector<std::shared_ptr<OpenInode>> in_version, marked;
   {
     MutexLock lock(open_mu_);
-    sealing_.insert(ino);  // files opened from now on are sealed too (OpenInodeFor)
-    for (const auto& [i, open] : open_files_) {
-      if ((open.version == ino || i == ino) && open.file->passthrough_handles() > 0) {
-        sealing_.erase(ino);
-        return Status::Busy(
-            "a file of this version is open for writing through FUSE passthrough, whose "
-            "writes cannot be refused: close it, then seal");
-      }
+    if (HasPassthroughWriterLocked(ino)) {
+      return Status::Busy(
+          "a file of this version is open for writing through FUSE passthrough, whose "
+          "writes cannot be refused: close it, then seal");
     }
+    sealing_.insert(ino);  // files opened from now on are sealed too (OpenInodeFor)
     for (const auto& [i, open] : open_files_) {
       if (open.version == ino || i == ino) {
         // Further writes fail with EROFS. (A file sealed already, a file version of its own,
@@ -87,8 +88,7 @@ Status FileSystem::Seal(Ino ino) {
   return s;
 }
 
-bool FileSystem::HasPassthroughWriter(Ino ino) {
-  MutexLock lock(open_mu_);
+bool FileSystem::HasPassthroughWriterLocked(Ino ino) {
   for (const auto& [i, open] : open_files_) {
     if ((open.version == ino || i == ino) && open.file->passthrough_handles() > 0) return true;
   }
