@@ -293,9 +293,12 @@ Result<ContentId> ContentWriter::Finish(const CommitHook& hook) {
   }
   const std::string layout =
       layout_.format != ContentLayout::Format::kNone ? layout_.Encode() : std::string();
-  Result<ContentId> id = store_->CommitContent(base_, refs, size_, layout, hook);
+  Result<Store::Committed> committed = store_->CommitContent(base_, refs, size_, layout, hook);
   Abandon();  // unpins: the catalog now holds the references (or the commit failed)
-  return id;
+  if (!committed.ok()) return committed.status();
+  // Queued only now: the re-encoder leaves alone the bases this writer pinned.
+  if (committed->reencode) store_->QueueReverseDeltas(committed->id);
+  return committed->id;
 }
 
 }  // namespace ckptfs

@@ -471,11 +471,14 @@ Status Store::ReverseDeltas(ContentId id) {
         // B is read-pinned only by a writer taking it as a delta base, which would record a
         // depth one short of the chain B joins now: leave it. X may be pinned by the next
         // version's writer: its old record stays (gc frees it once unpinned).
-        if (!same(x, c.x_row) || !same(b, c.b_row) || (!c.x_whole && x->base != c.b) ||
-            pinned_.count(c.b) != 0) {
+        const bool moved = !same(x, c.x_row) || !same(b, c.b_row) || (!c.x_whole && x->base != c.b);
+        if (moved || pinned_.count(c.b) != 0) {
           if (b_new) unused.push_back(*b_new);  // gc or a writer got there first
           if (c.x_whole) {
             CKPTFS_RETURN_IF_ERROR(compress_only());  // a raw X is compressed all the same
+            // Only B is left as it is: X, whole, may still become a delta of the next
+            // version's piece (unpromoted, it would stay whole for good, like an anchor).
+            if (!moved) CKPTFS_RETURN_IF_ERROR(txn.Put(Table::kContentMeta, PromotedKey(c.x), ""));
           } else if (x_new) {
             unused.push_back(*x_new);
           }

@@ -362,7 +362,7 @@ void Store::Unpin(const ChunkId& id) {
   if (it != pinned_.end() && --it->second.pins == 0) pinned_.erase(it);
 }
 
-Result<ContentId> Store::CommitContent(
+Result<Store::Committed> Store::CommitContent(
     std::optional<ContentId> base, const std::vector<CommitRef>& refs, uint64_t size,
     const std::string& layout, const std::function<Status(Catalog::WriteTxn&, ContentId)>& hook) {
   Status synced = packs_->Sync();
@@ -445,8 +445,7 @@ Result<ContentId> Store::CommitContent(
   const bool reencode = new_deltas && reencoder_.joinable();
   if (reencode) CKPTFS_RETURN_IF_ERROR(MarkForReverseDeltas(txn, id));
   CKPTFS_RETURN_IF_ERROR(txn.Commit());
-  if (reencode) QueueReverseDeltas(id);
-  return id;
+  return Committed{id, reencode};
 }
 
 Result<ContentRow> Store::StatContent(ContentId id) const {

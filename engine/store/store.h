@@ -317,7 +317,7 @@ class Store {
     // With reverse deltas a whole base is not encoded against: the piece is stored whole and
     // the re-encoder turns the base into a delta against it (WritesWhole).
     std::optional<std::pair<ChunkId, ChunkRow>> base;
-    bool cache = false;  // keep the raw bytes in the cache (the next version's delta base)
+    bool cache = false;   // keep the raw bytes in the cache (the next version's delta base)
     bool encode = false;  // encode now even where the store compresses behind the writer
   };
   Store(std::filesystem::path dir, const StoreOptions& options);
@@ -358,8 +358,15 @@ class Store {
     ChunkRow row;
     std::optional<ChunkId> reverse_base;
   };
-  // Durably commits a content made of `refs`, with its layout row (empty: none).
-  Result<ContentId> CommitContent(std::optional<ContentId> base, const std::vector<CommitRef>& refs,
+  // Durably commits a content made of `refs`, with its layout row (empty: none). `reencode`:
+  // the content is marked for the re-encoder, and the caller queues it (QueueReverseDeltas)
+  // once it has released its pins: the re-encoder leaves a base that a writer pins as it is
+  // (reencode.cc), so queued before the unpin, the previous version could stay whole for good.
+  struct Committed {
+    ContentId id;
+    bool reencode = false;
+  };
+  Result<Committed> CommitContent(std::optional<ContentId> base, const std::vector<CommitRef>& refs,
                                   uint64_t size, const std::string& layout,
                                   const std::function<Status(Catalog::WriteTxn&, ContentId)>& hook);
   // The decoded chunk, from the cache or the pack (chunk_reader.h).

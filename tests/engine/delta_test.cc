@@ -538,6 +538,33 @@ TEST_F(DeltaTest, CompressBehindWritesRawPiecesThatTheReencoderCompresses) {
   for (int v = 0; v < kVersions; ++v) EXPECT_TRUE(ContentEquals(*reopened, ids[v], files_[v]));
 }
 
+TEST_F(DeltaTest, AVersionWhoseBaseAnotherWriterPinsStillBecomesADelta) {
+  // Two writers continue version 0 at once (two files saved against the same predecessor):
+  // the second still pins version 0's pieces as its delta bases when the re-encoder takes
+  // version 1. Version 0's anchors stay whole either way; version 1's pieces must still become
+  // deltas of version 2's once it comes, and not stay whole for good.
+  auto store = OpenStore(dir_.path(), DeltaOptions(8, /*reverse=*/true));
+  ASSERT_TRUE(store);
+  ASSERT_OK_AND_ASSIGN(ContentId v0, StoreVersion(*store, std::nullopt, files_[0]));
+  store->WaitReencoded();
+  auto other = store->NewWriter();
+  ASSERT_OK(other->SetReference(v0));
+  ASSERT_OK(other->Append(Bytes(files_[2])));
+  std::byte first;
+  ASSERT_OK(other->ReadBack(0, MutableBytes(&first, 1)).status());  // its pieces are pinned
+  ASSERT_OK_AND_ASSIGN(ContentId v1, StoreVersion(*store, v0, files_[1]));
+  store->WaitReencoded();
+  other.reset();  // abandoned, as by an rm while it was written
+  ASSERT_OK_AND_ASSIGN(ContentId v2, StoreVersion(*store, v1, files_[2]));
+  store->WaitReencoded();
+  EXPECT_GT(NewestDepth(*store, v1), 1u) << "version 1 is a delta of version 2";
+  EXPECT_EQ(NewestDepth(*store, v2), 1u);
+  EXPECT_TRUE(ContentEquals(*store, v0, files_[0]));
+  EXPECT_TRUE(ContentEquals(*store, v1, files_[1]));
+  EXPECT_TRUE(ContentEquals(*store, v2, files_[2]));
+  EXPECT_TRUE(VerifyClean(*store));
+}
+
 // The re-encoder overlaps its batches (one batch's records sync while the next encodes, and
 // it commits after): a version re-encoded in many small batches ends where one batch per
 // version ends, record for record, and reads back bitwise.
