@@ -95,13 +95,38 @@ void OnInit(void*, fuse_conn_info* conn) {
 }
 
 void OnLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
-  auto n = Fs(req).Lookup(parent, name);
+  FileSystem& fs = Fs(req);
+  Result<Inode> n = fs.Lookup(parent, name);
+  // A view inode lives while the kernel holds a reference (FileSystem::ViewReferenced): taken
+  // before the reply, and given back if the reply does not reach the kernel. One dropped
+  // between the lookup and the reference is looked up again (a new inode).
+  for (int tries = 1; n.ok() && FileSystem::IsViewIno(n->ino) && !fs.ViewReferenced(n->ino);
+       ++tries) {
+    if (tries == 3) return ReplyError(req, Status::FromErrno(ESTALE, "view inode dropped"));
+    n = fs.Lookup(parent, name);
+  }
   if (!n.ok() && n.status().IsNotFound()) {
     fuse_entry_param e{};  // negative entry, not cached
     fuse_reply_entry(req, &e);
     return;
   }
-  ReplyEntry(req, n);
+  if (!n.ok()) return ReplyError(req, n.status());
+  fuse_entry_param e = ToEntry(*n);
+  if (fuse_reply_entry(req, &e) != 0 && FileSystem::IsViewIno(n->ino)) fs.ViewForget(n->ino, 1);
+}
+
+// The kernel lets go of inodes: only view inodes are counted (real ones live in the catalog).
+void OnForget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup) {
+  if (FileSystem::IsViewIno(ino)) Fs(req).ViewForget(ino, nlookup);
+  fuse_reply_none(req);
+}
+
+void OnForgetMulti(fuse_req_t req, size_t count, fuse_forget_data* forgets) {
+  for (size_t i = 0; i < count; ++i) {
+    if (FileSystem::IsViewIno(forgets[i].ino))
+      Fs(req).ViewForget(forgets[i].ino, forgets[i].nlookup);
+  }
+  fuse_reply_none(req);
 }
 
 void OnGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
@@ -322,6 +347,8 @@ fuse_lowlevel_ops MakeOps() {
   fuse_lowlevel_ops ops{};
   ops.init = OnInit;
   ops.lookup = OnLookup;
+  ops.forget = OnForget;
+  ops.forget_multi = OnForgetMulti;
   ops.getattr = OnGetattr;
   ops.setattr = OnSetattr;
   ops.readlink = OnReadlink;

@@ -10,9 +10,9 @@
 #include <fstream>
 #include <limits>
 #include <map>
-#include <unordered_map>
 #include <set>
 #include <sstream>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "engine/format/dtype.h"
@@ -843,7 +843,8 @@ Result<json> RunAdminRequest(Store* store, FileSystem* fs, const json& request,
                        {"queued_commits", backlog.queued_commits},
                        {"pending_bytes", backlog.pending_bytes},
                        {"journaled_files", backlog.journaled_files},
-                       {"journaled_bytes", backlog.journaled_bytes}};
+                       {"journaled_bytes", backlog.journaled_bytes},
+                       {"view_inodes", fs->ViewNodes()}};
     }
     return out;
   }

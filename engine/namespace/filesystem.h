@@ -233,6 +233,15 @@ class FileSystem {
   static constexpr uint64_t kViewHandleBit = uint64_t{1} << 62;
   static bool IsViewIno(Ino ino) { return (ino & kViewInoBit) != 0; }
   static bool IsViewHandle(uint64_t fh) { return (fh & kViewHandleBit) != 0; }
+  // The kernel's references to view inodes (FUSE's lookup count). The mount calls
+  // ViewReferenced for each view inode a lookup found, before its reply; false: the inode was
+  // dropped since the lookup found it (look up again). ViewForget: the kernel let go of n
+  // references. A view inode lives while referenced; of the others only a bounded number are
+  // kept (views.cc), so a mount's view table does not grow with every name ever looked up.
+  bool ViewReferenced(Ino ino);
+  void ViewForget(Ino ino, uint64_t n);
+  // View inodes held now, referenced or not (the daemon's stats).
+  size_t ViewNodes() const;
   // ---- end of views ----------------------------------------------------------------------
 
  private:

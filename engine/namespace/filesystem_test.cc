@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -228,6 +229,55 @@ TEST_F(FileSystemTest, AViewOfARewrittenFileIsStale) {
   EXPECT_EQ(n.status().ToErrno(), ESTALE) << n.status().ToString();
   ASSERT_TRUE(fs_->Release(*fh).ok());
   EXPECT_EQ(ReadAll(view->ino), "second");
+}
+
+// A view inode lives while the kernel holds a reference to it (the mount's lookup count); of
+// the others (forgotten, or never referenced) only a bounded number stay, those idle for a
+// second going first once there are kMaxUnreferencedViewNodes (1024), so looking up the views
+// of many files over a mount's life does not grow the daemon.
+TEST_F(FileSystemTest, ViewInodesLiveWhileReferencedAndTheRestStayBounded) {
+  constexpr int kFiles = 400;
+  for (int i = 0; i < kFiles; ++i) {
+    const std::string name = "file" + std::to_string(i) + ".bin";
+    auto made = fs_->Create(kRootIno, name, 0644, O_WRONLY, Caller{});
+    ASSERT_TRUE(made.ok()) << made.status().ToString();
+    ASSERT_TRUE(fs_->Write(made->second, 0, AsBytes("bytes")).ok());
+    ASSERT_TRUE(fs_->Release(made->second).ok());
+  }
+  for (const char* name : {"kept.txt", "forgotten.txt"}) {
+    auto made = fs_->Create(kRootIno, name, 0644, O_WRONLY, Caller{});
+    ASSERT_TRUE(made.ok()) << made.status().ToString();
+    ASSERT_TRUE(fs_->Release(made->second).ok());
+  }
+  ASSERT_TRUE(fs_->Sync().ok());
+  auto kept = fs_->Lookup(kRootIno, "kept.txt@fp32");
+  auto forgotten = fs_->Lookup(kRootIno, "forgotten.txt@fp32");
+  ASSERT_TRUE(kept.ok() && forgotten.ok());
+  ASSERT_TRUE(fs_->ViewReferenced(kept->ino));
+  ASSERT_TRUE(fs_->ViewReferenced(forgotten->ino));
+  fs_->ViewForget(forgotten->ino, 1);
+  // Three rounds of 400 new view inodes, a second and more apart: the third passes 1024
+  // unreferenced ones and drops the idle ones (the first two rounds', the forgotten one).
+  for (const char* suffix : {"@bf16", "@fp16", "@fp32"}) {
+    for (int i = 0; i < kFiles; ++i) {
+      const std::string name = "file" + std::to_string(i) + ".bin" + suffix;
+      auto view = fs_->Lookup(kRootIno, name);
+      ASSERT_TRUE(view.ok()) << name << ": " << view.status().ToString();
+    }
+    if (std::string_view(suffix) != "@fp32")
+      std::this_thread::sleep_for(std::chrono::seconds(1) + std::chrono::milliseconds(100));
+  }
+  EXPECT_LE(fs_->ViewNodes(), static_cast<size_t>(kFiles) + 1) << "the idle ones were dropped";
+  auto again = fs_->Lookup(kRootIno, "kept.txt@fp32");
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->ino, kept->ino) << "a referenced view inode stays";
+  EXPECT_TRUE(fs_->GetAttr(kept->ino).ok());
+  EXPECT_FALSE(fs_->GetAttr(forgotten->ino).ok()) << "a forgotten one went";
+  EXPECT_FALSE(fs_->ViewReferenced(forgotten->ino));
+  auto fresh = fs_->Lookup(kRootIno, "forgotten.txt@fp32");
+  ASSERT_TRUE(fresh.ok());
+  EXPECT_NE(fresh->ino, forgotten->ino) << "view inode numbers are not reused";
+  EXPECT_TRUE(fs_->ViewReferenced(fresh->ino));
 }
 
 std::vector<std::string> Journals(const std::filesystem::path& staging) {

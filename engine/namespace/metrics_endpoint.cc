@@ -61,6 +61,8 @@ constexpr Metric kDaemonMetrics[] = {
      "pending_bytes"},
     {"ckptfs_journaled_bytes", "gauge",
      "Bytes an fsync made durable in the fsync journal, not yet in the store.", "journaled_bytes"},
+    {"ckptfs_view_inodes", "gauge", "Inodes of views (FILE@bf16, @tensors, ...) the daemon holds.",
+     "view_inodes"},
 };
 
 json Get(const json& doc, const char* key) {

@@ -10,12 +10,18 @@
 //                                               JSON generated at each open (SetLiveStats)
 //
 // None of these names is listed by readdir; a real entry of the same name wins. Virtual inode
-// numbers have kViewInoBit set and index a table that only grows, so they are stable while
-// mounted. Every change through a view fails with EROFS.
+// numbers have kViewInoBit set and are never reused. A view inode lives while the kernel holds
+// a reference to it (FUSE's lookup count: ViewReferenced, ViewForget); of those it holds none
+// of, at most kMaxUnreferencedViewNodes are kept, so the table stays bounded however many
+// views are looked up over a mount's life. Every change through a view fails with EROFS.
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <chrono>
 #include <deque>
+#include <string>
+#include <unordered_map>
 
 #include "engine/namespace/filesystem.h"
 #include "engine/util/mutex.h"
@@ -33,6 +39,12 @@ constexpr std::string_view kLiveStatsName = "stats";
 // rewritten data.pkl). Open handles keep theirs alive past eviction.
 constexpr size_t kMaxCachedViews = 256;
 constexpr uint64_t kMaxCachedViewBytes = 64u << 20;
+// View inodes the kernel holds no reference to (forgotten, or named only by readdir and
+// internal lookups): once there are this many (or twice as many as the last sweep left), those
+// unused for kViewNodeIdleNs are dropped. A node in use (found by a lookup that has not yet
+// replied) is never that idle.
+constexpr size_t kMaxUnreferencedViewNodes = 1024;
+constexpr int64_t kViewNodeIdleNs = 1'000'000'000;
 
 struct PrecisionName {
   std::string_view suffix;
@@ -44,6 +56,12 @@ constexpr PrecisionName kPrecisions[] = {
 Status Errno(int err, std::string_view what) { return Status::FromErrno(err, what); }
 
 bool IsNotSupported(const Status& s) { return s.code() == Status::Code::kNotSupported; }
+
+int64_t Now() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 bool EndsWith(std::string_view s, std::string_view suffix) {
   return s.size() > suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
@@ -83,9 +101,22 @@ struct FileSystem::ViewState {
     const WorkerPool::Priority priority;
   };
 
+  // A view inode: its node, the kernel's references (lookup count) and when it was last used
+  // (steady clock, ns).
+  struct Entry {
+    Node node;
+    std::string key;  // in node_ids
+    uint64_t refs = 0;
+    int64_t used = 0;
+  };
+
   Mutex mu;
-  std::vector<Node> nodes GUARDED_BY(mu);  // vino = bit | (index + 1)
+  std::unordered_map<Ino, Entry> nodes GUARDED_BY(mu);
   std::unordered_map<std::string, Ino> node_ids GUARDED_BY(mu);
+  std::unordered_multimap<Ino, Ino> by_real GUARDED_BY(mu);  // real inode -> its view inodes
+  uint64_t next_node GUARDED_BY(mu) = 1;
+  size_t unreferenced GUARDED_BY(mu) = 0;  // nodes with refs == 0
+  size_t sweep_at GUARDED_BY(mu) = kMaxUnreferencedViewNodes;
   std::map<std::pair<ContentId, int>, Built> built GUARDED_BY(mu);  // (content, precision)
   std::deque<std::pair<ContentId, int>> built_order GUARDED_BY(mu);
   uint64_t built_bytes GUARDED_BY(mu) = 0;  // sum of Built::memory
@@ -97,17 +128,63 @@ struct FileSystem::ViewState {
                       "/" + std::to_string(n.to ? static_cast<int>(*n.to) : -1) + "/" + n.file;
     MutexLock lock(mu);
     auto it = node_ids.find(key);
-    if (it != node_ids.end()) return it->second;
-    nodes.push_back(n);
-    const Ino ino = kViewInoBit | nodes.size();
+    const int64_t now = Now();
+    if (it != node_ids.end()) {
+      nodes.at(it->second).used = now;
+      return it->second;
+    }
+    if (unreferenced >= sweep_at) Sweep(now);
+    const Ino ino = kViewInoBit | next_node++;
+    nodes.emplace(ino, Entry{n, key, 0, now});
     node_ids.emplace(std::move(key), ino);
+    by_real.emplace(n.real, ino);
+    ++unreferenced;
     return ino;
   }
   Result<Node> Get(Ino ino) {
     MutexLock lock(mu);
-    const uint64_t i = ino & ~kViewInoBit;
-    if (i == 0 || i > nodes.size()) return Status::NotFound("view inode " + std::to_string(ino));
-    return nodes[i - 1];
+    auto it = nodes.find(ino);
+    if (it == nodes.end()) return Status::NotFound("view inode " + std::to_string(ino));
+    it->second.used = Now();
+    return it->second.node;
+  }
+  bool Reference(Ino ino) {
+    MutexLock lock(mu);
+    auto it = nodes.find(ino);
+    if (it == nodes.end()) return false;
+    if (it->second.refs++ == 0) --unreferenced;
+    it->second.used = Now();
+    return true;
+  }
+  void Forget(Ino ino, uint64_t n) {
+    MutexLock lock(mu);
+    auto it = nodes.find(ino);
+    if (it == nodes.end() || it->second.refs == 0) return;
+    it->second.refs -= std::min(n, it->second.refs);
+    if (it->second.refs == 0) ++unreferenced;
+  }
+  // Drops the unreferenced nodes idle for kViewNodeIdleNs; the next sweep comes when the
+  // unreferenced ones have doubled (at least kMaxUnreferencedViewNodes), so sweeping costs
+  // O(1) per new node.
+  void Sweep(int64_t now) REQUIRES(mu) {
+    for (auto it = nodes.begin(); it != nodes.end();) {
+      const Entry& e = it->second;
+      if (e.refs != 0 || now - e.used < kViewNodeIdleNs) {
+        ++it;
+        continue;
+      }
+      node_ids.erase(e.key);
+      auto [first, last] = by_real.equal_range(e.node.real);
+      for (auto r = first; r != last; ++r) {
+        if (r->second == it->first) {
+          by_real.erase(r);
+          break;
+        }
+      }
+      --unreferenced;
+      it = nodes.erase(it);
+    }
+    sweep_at = std::max(kMaxUnreferencedViewNodes, 2 * unreferenced);
   }
   static std::pair<ContentId, int> Key(ContentId content, std::optional<DType> to) {
     return {content, to ? static_cast<int>(*to) : -1};
@@ -393,17 +470,26 @@ void FileSystem::ViewsChanged(Ino real) {
   std::vector<Ino> changed;
   {
     MutexLock lock(views_->mu);
-    for (size_t i = 0; i < views_->nodes.size(); ++i) {
-      const ViewState::Node& n = views_->nodes[i];
-      if (n.real == real && n.kind != Kind::kLiveDir && n.kind != Kind::kLiveFile &&
-          n.kind != Kind::kPrecisionDir) {
-        changed.push_back(kViewInoBit | (i + 1));
+    auto [first, last] = views_->by_real.equal_range(real);
+    for (auto it = first; it != last; ++it) {
+      const ViewState::Node& n = views_->nodes.at(it->second).node;
+      if (n.kind != Kind::kLiveDir && n.kind != Kind::kLiveFile && n.kind != Kind::kPrecisionDir) {
+        changed.push_back(it->second);
       }
     }
   }
   MutexLock lock(on_view_changed_mu_);
   if (!on_view_changed_) return;
   for (Ino ino : changed) on_view_changed_(ino);
+}
+
+bool FileSystem::ViewReferenced(Ino ino) { return views_->Reference(ino); }
+
+void FileSystem::ViewForget(Ino ino, uint64_t n) { views_->Forget(ino, n); }
+
+size_t FileSystem::ViewNodes() const {
+  MutexLock lock(views_->mu);
+  return views_->nodes.size();
 }
 
 Status FileSystem::ViewRelease(uint64_t fh) {

@@ -6,8 +6,10 @@ bitwise, for a model file and an optimizer file; a safetensors file's views like
 known at stat; other files and integers pass unchanged; views are read-only and hidden.
 """
 import errno
+import json
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from views_common import (bits_equal, flatten, load_safetensors, mounted,  # noqa: E402
@@ -97,6 +99,36 @@ class PrecisionViewTest(mounted.MountedTestCase):
                 f.write(data)
             self.assertEqual(mounted.read_file(view), data)
             self.assertEqual(os.stat(view).st_size, len(data))
+
+    def test_view_inodes_the_kernel_forgot_do_not_pile_up(self):
+        # Every view name looked up is an inode of the daemon's. It keeps those the kernel holds
+        # and a bounded number of the others (docs/views.md), so views looked up by the
+        # thousands over a mount's life do not grow it: after the kernel drops its caches
+        # (FORGET), a second round of new names takes the first round's place.
+        d = self.version_dir("many_views")
+        for i in range(800):
+            with open(os.path.join(d, "f%d.bin" % i), "wb") as f:
+                f.write(b"x")
+
+        def look_up(first, last):
+            for i in range(first, last):
+                for suffix in ("@bf16", "@fp16", "@fp32"):
+                    os.stat(os.path.join(d, "f%d.bin%s" % (i, suffix)))
+
+        def view_inodes():
+            with open(self.m.path(".ckptfs", "stats")) as f:
+                return json.load(f)["daemon"]["view_inodes"]
+
+        look_up(0, 400)
+        self.assertGreaterEqual(view_inodes(), 1200)
+        try:
+            with open("/proc/sys/vm/drop_caches", "w") as f:
+                f.write("2\n")
+        except OSError as e:
+            self.skipTest("cannot drop the kernel's caches: %s" % e)
+        time.sleep(1.2)  # the kernel's FORGETs arrive; the first round's inodes go idle
+        look_up(400, 800)
+        self.assertLessEqual(view_inodes(), 1200 + 10)
 
     def test_safetensors(self):
         d = self.version_dir("v2")
