@@ -163,9 +163,10 @@ struct FileSystem::ViewState {
     it->second.refs -= std::min(n, it->second.refs);
     if (it->second.refs == 0) ++unreferenced;
   }
-  // Drops the unreferenced nodes idle for kViewNodeIdleNs; the next sweep comes when the
-  // unreferenced ones have doubled (at least kMaxUnreferencedViewNodes), so sweeping costs
-  // O(1) per new node.
+  // Drops the unreferenced nodes idle for kViewNodeIdleNs. The next sweep comes when the
+  // unreferenced ones have doubled (at least kMaxUnreferencedViewNodes): a scan of the table
+  // per that many new nodes. So the unreferenced nodes kept are at most twice those looked up
+  // within a second of the last sweep, and at least kMaxUnreferencedViewNodes.
   void Sweep(int64_t now) REQUIRES(mu) {
     for (auto it = nodes.begin(); it != nodes.end();) {
       const Entry& e = it->second;
@@ -351,12 +352,20 @@ Result<Inode> FileSystem::ViewLookup(Ino parent, std::string_view name) {
     if (EndsWith(name, kTensorsSuffix)) {
       CKPTFS_ASSIGN_OR_RETURN(Inode found,
                               Lookup(parent, name.substr(0, name.size() - kTensorsSuffix.size())));
-      if (IsViewIno(found.ino)) {  // FILE@bf16@tensors
-        CKPTFS_ASSIGN_OR_RETURN(ViewState::Node node, views_->Get(found.ino));
-        if (node.kind != Kind::kPrecisionFile) return Status::NotFound(std::string(name));
-        CKPTFS_ASSIGN_OR_RETURN(Inode file, ViewReal(node.real));
-        CKPTFS_RETURN_IF_ERROR(TensorViewOf(file, node.to).status());
-        return ViewInode(views_->NodeFor({Kind::kTensorDir, file.ino, node.to, ""}));
+      if (IsViewIno(found.ino)) {
+        // FILE@bf16@tensors: the file and the precision from the name (the precision file's
+        // node, which no kernel reference holds, may be dropped by now: views.cc's top).
+        const std::string_view base = name.substr(0, name.size() - kTensorsSuffix.size());
+        for (const PrecisionName& p : kPrecisions) {
+          if (!EndsWith(base, p.suffix)) continue;
+          CKPTFS_ASSIGN_OR_RETURN(Inode real,
+                                  Lookup(parent, base.substr(0, base.size() - p.suffix.size())));
+          if (IsViewIno(real.ino) || !real.is_reg()) break;
+          CKPTFS_ASSIGN_OR_RETURN(Inode file, ViewReal(real.ino));
+          CKPTFS_RETURN_IF_ERROR(TensorViewOf(file, p.dtype).status());
+          return ViewInode(views_->NodeFor({Kind::kTensorDir, file.ino, p.dtype, ""}));
+        }
+        return Status::NotFound(std::string(name));
       }
       CKPTFS_ASSIGN_OR_RETURN(Inode file, ViewReal(found.ino));
       CKPTFS_RETURN_IF_ERROR(TensorViewOf(file, std::nullopt).status());

@@ -128,7 +128,9 @@ class PrecisionViewTest(mounted.MountedTestCase):
             self.skipTest("cannot drop the kernel's caches: %s" % e)
         time.sleep(1.2)  # the kernel's FORGETs arrive; the first round's inodes go idle
         look_up(400, 800)
-        self.assertLessEqual(view_inodes(), 1200 + 10)
+        # Without FORGET both rounds stay (2400 and more); a FORGET that comes late leaves its
+        # inode until a later sweep.
+        self.assertLess(view_inodes(), 1800)
 
     def test_safetensors(self):
         d = self.version_dir("v2")
