@@ -74,6 +74,7 @@ inline bool CodecCpuHasAvx512Vbmi2() {
   static const bool has = CKPTFS_CPU_SUPPORTS("avx512vbmi2");
   return has;
 }
+#undef CKPTFS_CPU_SUPPORTS
 
 // For tests: uses at most `cap` from now on (in every thread); returns the previous cap.
 inline CodecVectorLevel CapCodecVectorLevelForTesting(CodecVectorLevel cap) {

@@ -12,8 +12,8 @@
 // None of these names is listed by readdir; a real entry of the same name wins. Virtual inode
 // numbers have kViewInoBit set and are never reused. A view inode lives while the kernel holds
 // a reference to it (FUSE's lookup count: ViewReferenced, ViewForget); of those it holds none
-// of, at most kMaxUnreferencedViewNodes are kept, so the table stays bounded however many
-// views are looked up over a mount's life. Every change through a view fails with EROFS.
+// of, a bounded number are kept (ViewState::Sweep), so the table does not grow with every view
+// looked up over a mount's life. Every change through a view fails with EROFS.
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
 
@@ -67,6 +67,14 @@ bool EndsWith(std::string_view s, std::string_view suffix) {
   return s.size() > suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }
 
+// The precision a hidden name ends with (FILE@bf16), if any.
+const PrecisionName* PrecisionSuffixOf(std::string_view name) {
+  for (const PrecisionName& p : kPrecisions) {
+    if (EndsWith(name, p.suffix)) return &p;
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 struct FileSystem::ViewState {
@@ -105,10 +113,13 @@ struct FileSystem::ViewState {
   // (steady clock, ns).
   struct Entry {
     Node node;
-    std::string key;  // in node_ids
     uint64_t refs = 0;
     int64_t used = 0;
   };
+  static std::string KeyOf(const Node& n) {  // in node_ids
+    return std::to_string(static_cast<int>(n.kind)) + "/" + std::to_string(n.real) + "/" +
+           std::to_string(n.to ? static_cast<int>(*n.to) : -1) + "/" + n.file;
+  }
 
   Mutex mu;
   std::unordered_map<Ino, Entry> nodes GUARDED_BY(mu);
@@ -124,8 +135,7 @@ struct FileSystem::ViewState {
   uint64_t next_handle GUARDED_BY(mu) = 1;
 
   Ino NodeFor(const Node& n) {
-    std::string key = std::to_string(static_cast<int>(n.kind)) + "/" + std::to_string(n.real) +
-                      "/" + std::to_string(n.to ? static_cast<int>(*n.to) : -1) + "/" + n.file;
+    std::string key = KeyOf(n);
     MutexLock lock(mu);
     auto it = node_ids.find(key);
     const int64_t now = Now();
@@ -135,7 +145,7 @@ struct FileSystem::ViewState {
     }
     if (unreferenced >= sweep_at) Sweep(now);
     const Ino ino = kViewInoBit | next_node++;
-    nodes.emplace(ino, Entry{n, key, 0, now});
+    nodes.emplace(ino, Entry{n, 0, now});
     node_ids.emplace(std::move(key), ino);
     by_real.emplace(n.real, ino);
     ++unreferenced;
@@ -174,7 +184,7 @@ struct FileSystem::ViewState {
         ++it;
         continue;
       }
-      node_ids.erase(e.key);
+      node_ids.erase(KeyOf(e.node));
       auto [first, last] = by_real.equal_range(e.node.real);
       for (auto r = first; r != last; ++r) {
         if (r->second == it->first) {
@@ -336,16 +346,15 @@ Result<Inode> FileSystem::ViewLookup(Ino parent, std::string_view name) {
     if (parent == kRootIno && name == kLiveDirName && live_stats_) {
       return ViewInode(views_->NodeFor({Kind::kLiveDir, kRootIno, std::nullopt, ""}));
     }
-    for (const PrecisionName& p : kPrecisions) {
-      if (!EndsWith(name, p.suffix)) continue;
+    if (const PrecisionName* p = PrecisionSuffixOf(name)) {
       CKPTFS_ASSIGN_OR_RETURN(Inode real,
-                              Lookup(parent, name.substr(0, name.size() - p.suffix.size())));
+                              Lookup(parent, name.substr(0, name.size() - p->suffix.size())));
       if (IsViewIno(real.ino)) return Status::NotFound(std::string(name));
       if (real.is_dir() && parent == kRootIno) {
-        return ViewInode(views_->NodeFor({Kind::kPrecisionDir, real.ino, p.dtype, ""}));
+        return ViewInode(views_->NodeFor({Kind::kPrecisionDir, real.ino, p->dtype, ""}));
       }
       if (real.is_reg()) {
-        return ViewInode(views_->NodeFor({Kind::kPrecisionFile, real.ino, p.dtype, ""}));
+        return ViewInode(views_->NodeFor({Kind::kPrecisionFile, real.ino, p->dtype, ""}));
       }
       return Status::NotFound(std::string(name));
     }
@@ -356,16 +365,14 @@ Result<Inode> FileSystem::ViewLookup(Ino parent, std::string_view name) {
         // FILE@bf16@tensors: the file and the precision from the name (the precision file's
         // node, which no kernel reference holds, may be dropped by now: views.cc's top).
         const std::string_view base = name.substr(0, name.size() - kTensorsSuffix.size());
-        for (const PrecisionName& p : kPrecisions) {
-          if (!EndsWith(base, p.suffix)) continue;
-          CKPTFS_ASSIGN_OR_RETURN(Inode real,
-                                  Lookup(parent, base.substr(0, base.size() - p.suffix.size())));
-          if (IsViewIno(real.ino) || !real.is_reg()) break;
-          CKPTFS_ASSIGN_OR_RETURN(Inode file, ViewReal(real.ino));
-          CKPTFS_RETURN_IF_ERROR(TensorViewOf(file, p.dtype).status());
-          return ViewInode(views_->NodeFor({Kind::kTensorDir, file.ino, p.dtype, ""}));
-        }
-        return Status::NotFound(std::string(name));
+        const PrecisionName* p = PrecisionSuffixOf(base);
+        if (p == nullptr) return Status::NotFound(std::string(name));
+        CKPTFS_ASSIGN_OR_RETURN(Inode real,
+                                Lookup(parent, base.substr(0, base.size() - p->suffix.size())));
+        if (IsViewIno(real.ino) || !real.is_reg()) return Status::NotFound(std::string(name));
+        CKPTFS_ASSIGN_OR_RETURN(Inode file, ViewReal(real.ino));
+        CKPTFS_RETURN_IF_ERROR(TensorViewOf(file, p->dtype).status());
+        return ViewInode(views_->NodeFor({Kind::kTensorDir, file.ino, p->dtype, ""}));
       }
       CKPTFS_ASSIGN_OR_RETURN(Inode file, ViewReal(found.ino));
       CKPTFS_RETURN_IF_ERROR(TensorViewOf(file, std::nullopt).status());
