@@ -61,8 +61,8 @@ Result<std::map<std::string, uint64_t>> CommittedLengths(const Catalog& catalog)
 Status WriteFileAt(int fd, Bytes data, uint64_t offset, const std::string& what) {
   size_t done = 0;
   while (done < data.size()) {
-    ssize_t n = ::pwrite(fd, data.data() + done, data.size() - done,
-                         static_cast<off_t>(offset + done));
+    ssize_t n =
+        ::pwrite(fd, data.data() + done, data.size() - done, static_cast<off_t>(offset + done));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return Status::FromErrno(errno, "write " + what);
     done += static_cast<size_t>(n);
@@ -185,8 +185,7 @@ std::string BucketMirror::ManifestKey(const S3Location& loc, const std::string& 
   return ManifestPrefix(loc, node) + num;
 }
 
-Result<BucketMirror::Publication> BucketMirror::ReadPublication(S3Client& s3,
-                                                                const S3Location& loc,
+Result<BucketMirror::Publication> BucketMirror::ReadPublication(S3Client& s3, const S3Location& loc,
                                                                 const std::string& node,
                                                                 uint64_t seq) {
   const std::string key = ManifestKey(loc, node, seq);
@@ -199,8 +198,7 @@ Result<Buffer> BucketMirror::GetObject(S3Client& s3, const S3Location& loc,
   return GetBlob(s3, loc, sha256);
 }
 
-Status BucketMirror::InitBucket(S3Client& s3, const S3Location& loc,
-                                const fs::path& local_store) {
+Status BucketMirror::InitBucket(S3Client& s3, const S3Location& loc, const fs::path& local_store) {
   CKPTFS_RETURN_IF_ERROR(s3.CreateBucket(loc.bucket));
   Result<ObjectInfo> existing = s3.Head(loc.bucket, loc.Key("ckptfs.json"));
   if (existing.ok()) {
@@ -230,8 +228,10 @@ Result<std::optional<BucketMirror::Publication>> BucketMirror::Restore(S3Client&
   Result<Publication> newest = newest_async.get();
   CKPTFS_RETURN_IF_ERROR(prepared.get());
   if (!params.ok() && params.status().IsNotFound()) {
-    return Status::NotFound("no ckptfs store at " + loc.ToString() + ": create one with "
-                            "`ckptfs init " + loc.ToString() + " --endpoint URL`");
+    return Status::NotFound("no ckptfs store at " + loc.ToString() +
+                            ": create one with "
+                            "`ckptfs init " +
+                            loc.ToString() + " --endpoint URL`");
   }
   if (!params.ok()) return params.status();
   if (!newest.ok()) return newest.status();
@@ -520,18 +520,17 @@ Status BucketMirror::UploadPacks(const std::map<std::string, uint64_t>& lengths,
 }
 
 bool BucketMirror::UploadAhead() {
-  // The active pack: the one with the highest id (the store appends to one pack at a time).
-  std::error_code ec;
-  uint32_t active = 0;
-  bool any = false;
-  for (const auto& entry : fs::directory_iterator(store_->dir() / "packs", ec)) {
-    uint32_t id = 0;
-    if (ParsePackFileName(entry.path().filename().string(), &id) && (!any || id > active)) {
-      active = id;
-      any = true;
-    }
+  // The packs the store appends to (one per lane, pack_writer.h).
+  bool uploaded = false;
+  for (const PackExtent& pack : store_->ActivePacks()) {
+    if (UploadAheadOf(pack.pack_id)) uploaded = true;
   }
-  if (ec || !any || (remote_ && !remote_->Segments(active).empty())) return false;
+  return uploaded;
+}
+
+bool BucketMirror::UploadAheadOf(uint32_t active) {
+  std::error_code ec;
+  if (remote_ && !remote_->Segments(active).empty()) return false;
   const std::string file = PackFileName(active);
   const std::vector<Segment>& segs = packs_[file];
   std::vector<Segment>& ahead = ahead_[file];
@@ -612,8 +611,9 @@ Result<bool> BucketMirror::AnyHole(const std::vector<Range>& ranges) const {
   return false;
 }
 
-Result<std::optional<BucketMirror::Segment>> BucketMirror::UploadSegment(
-    const std::string& file, uint64_t offset, uint64_t length) {
+Result<std::optional<BucketMirror::Segment>> BucketMirror::UploadSegment(const std::string& file,
+                                                                         uint64_t offset,
+                                                                         uint64_t length) {
   fs::path path = store_->dir() / "packs" / file;
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0 && errno == ENOENT) return std::optional<Segment>();

@@ -28,7 +28,7 @@
 //   uploaded (plus the catalog image, compacted). Concurrent callers share a publication that
 //   starts after they called (group commit).
 // - Uploads ahead: while files are being written, a thread uploads every whole segment of the
-//   active pack that holds only records written whole (checked by their headers and
+//   active packs that holds only records written whole (checked by their headers and
 //   checksums), so that a Publish() has little left to send. A manifest names such a segment
 //   only once the catalog image it names has committed every byte of it; one the image does
 //   not cover is left to later publications, or unnamed (gc collects it) if a publication
@@ -164,14 +164,16 @@ class BucketMirror {
   };
   // Uploads pack bytes so that every pack holds at least `lengths` (pack file -> bytes); the
   // ranges it uploaded (or found deleted) go to *uploaded when given.
-  Status UploadPacks(const std::map<std::string, uint64_t>& lengths,
-                     std::vector<Range>* uploaded) REQUIRES(run_mu_);
+  Status UploadPacks(const std::map<std::string, uint64_t>& lengths, std::vector<Range>* uploaded)
+      REQUIRES(run_mu_);
   // True when a hole (a punched block) lies in one of `ranges` of the local packs, or one of
   // their packs is gone (deleted by the store's gc).
   Result<bool> AnyHole(const std::vector<Range>& ranges) const;
   // One pass of the upload ahead (above): the active pack's whole segments of records written
   // whole, past what is uploaded. True when it uploaded some (there may be more).
   bool UploadAhead() REQUIRES(run_mu_);
+  // The same for one of them.
+  bool UploadAheadOf(uint32_t pack_id) REQUIRES(run_mu_);
   // The end of the records written whole in `file` from `from` (a record boundary) on.
   uint64_t WrittenEnd(const std::string& file, uint64_t from) const;
   // Uploads one segment (unless the bucket holds it); nullopt when the pack file is gone.
@@ -193,8 +195,8 @@ class BucketMirror {
   MirrorStats stats_ GUARDED_BY(mu_);
 
   Mutex run_mu_;  // one publication at a time; lock order: run_mu_, then mu_
-  uint64_t seq_ GUARDED_BY(run_mu_) = 0;  // the last manifest written
-  std::string last_image_ GUARDED_BY(run_mu_);  // its catalog image (SHA-256)
+  uint64_t seq_ GUARDED_BY(run_mu_) = 0;             // the last manifest written
+  std::string last_image_ GUARDED_BY(run_mu_);       // its catalog image (SHA-256)
   bool uploaded_since_ GUARDED_BY(run_mu_) = false;  // segments uploaded since it was written
   std::map<std::string, std::vector<Segment>> packs_ GUARDED_BY(run_mu_);
   // Segments uploaded ahead, contiguous from the end of packs_[file] on, not named yet.

@@ -53,8 +53,8 @@ Result<GcReport> Store::Gc(const GcOptions& options) {
   // 2. Live records per pack, and the packs to rewrite: mostly dead ones no writer is using.
   // Pins are read before the snapshot, under gc_mu_, where no writer is between appending a
   // record and pinning it (PutChunk does both under gc_mu_): a pack without pins gains no chunk
-  // row after the snapshot unless it is the active pack, which is closed here if it is a victim
-  // (before a writer's record or a gc copy can land in it).
+  // row after the snapshot unless it is an active pack (one per lane), and the active packs are
+  // closed here if one is a victim (before a writer's record or a gc copy can land in it).
   std::map<uint32_t, std::vector<std::pair<ChunkId, ChunkRow>>> live;
   std::vector<uint32_t> victims;
   std::map<uint32_t, uint64_t> committed;
@@ -91,12 +91,18 @@ Result<GcReport> Store::Gc(const GcOptions& options) {
       }
       victims.push_back(pack_id);
     }
-    auto active = std::find(victims.begin(), victims.end(), packs_->active_pack_id());
-    if (active != victims.end()) {
+    std::vector<uint32_t> active_victims;
+    for (const PackExtent& e : packs_->active_extents()) {
+      if (std::find(victims.begin(), victims.end(), e.pack_id) != victims.end())
+        active_victims.push_back(e.pack_id);
+    }
+    if (!active_victims.empty()) {
       Status rotated = packs_->Rotate();
-      if (rotated.IsNoSpace()) {  // no room for a new pack: the active one stays
-        report.skipped.push_back(PackFileName(*active) + ": no room for a new pack to write to");
-        victims.erase(active);
+      if (rotated.IsNoSpace()) {  // no room for a new pack: the active ones stay
+        for (uint32_t id : active_victims) {
+          report.skipped.push_back(PackFileName(id) + ": no room for a new pack to write to");
+          victims.erase(std::find(victims.begin(), victims.end(), id));
+        }
       } else {
         CKPTFS_RETURN_IF_ERROR(rotated);
       }
@@ -330,13 +336,12 @@ void Store::PunchDeadRanges(uint32_t pack_id, uint64_t committed,
   // fraction was above rewrite_below until more garbage joined it, so whether the space came
   // back depended on how forgets were batched into gc passes (cli_retention, flaky).
   constexpr uint64_t kMinDeadBytes = 64u << 10;
-  constexpr uint64_t kBlock = 4096;
   uint64_t used = kPackHeaderBytes;
   for (const auto& extent : in_use) used += extent.second;
   if (committed < used + kMinDeadBytes) return;
   std::sort(in_use.begin(), in_use.end());
   const std::filesystem::path path = PackPath(pack_id);
-  auto fd = OpenFile(path, O_WRONLY | O_CLOEXEC);
+  auto fd = OpenFile(path, O_RDONLY | O_CLOEXEC);  // for the allocated blocks
   if (!fd.ok()) {
     report->skipped.push_back(PackFileName(pack_id) + ": " + fd.status().message());
     return;
@@ -346,22 +351,18 @@ void Store::PunchDeadRanges(uint32_t pack_id, uint64_t committed,
     return ::fstat(fd->get(), &st) == 0 ? static_cast<uint64_t>(st.st_blocks) * 512 : 0;
   };
   const uint64_t before = allocated();
+  std::vector<std::pair<uint64_t, uint64_t>> gaps;
   uint64_t from = kPackHeaderBytes;   // start of the current gap
   in_use.emplace_back(committed, 0);  // the gap before the committed end
   for (const auto& [offset, length] : in_use) {
-    const uint64_t start = (from + kBlock - 1) / kBlock * kBlock;
-    const uint64_t end = std::min(offset, committed) / kBlock * kBlock;
-    if (end > start &&
-        ::fallocate(fd->get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                    static_cast<off_t>(start), static_cast<off_t>(end - start)) != 0) {
-      // EOPNOTSUPP: a filesystem without holes; gc then frees space only by rewriting packs.
-      if (errno != EOPNOTSUPP) {
-        report->skipped.push_back(PackFileName(pack_id) +
-                                  ": punching a hole failed: " + std::strerror(errno));
-      }
-      break;
-    }
+    const uint64_t to = std::min(offset, committed);
+    if (to > from) gaps.emplace_back(from, to);
     from = std::max(from, offset + length);
+  }
+  Status s = packs_->PunchDead(pack_id, gaps);
+  // NotSupported: a filesystem without holes; gc then frees space only by rewriting packs.
+  if (!s.ok() && !s.IsNotSupported()) {
+    report->skipped.push_back(PackFileName(pack_id) + ": punching a hole failed: " + s.message());
   }
   const uint64_t after = allocated();
   if (before > after) report->pack_bytes_punched += before - after;

@@ -26,10 +26,11 @@ struct PackWriter::InflightWrite {
   // A full segment of a direct pack (header_len 0), written through `fd` (O_DIRECT); a short
   // write is finished through `buffered`.
   Buffer segment;
+  size_t segment_from = 0;  // the segment's bytes before this are on disk: not written again
   std::shared_ptr<FileDescriptor> buffered;
   bool writeback_only = false;  // a sync_file_range request, not a record
   iovec iov[2];
-  Bytes bytes() const { return payload ? payload->bytes() : segment.bytes(); }
+  Bytes bytes() const { return payload ? payload->bytes() : segment.bytes().subspan(segment_from); }
   size_t total() const { return header_len + bytes().size(); }
   // What the queue holds in memory: a codec's output buffer may be far larger than the
   // payload in it (sized for the raw chunk, holding a delta of a fifth of it).
@@ -55,9 +56,10 @@ PackWriter::PackWriter(std::filesystem::path dir, Options options)
 
 PackWriter::~PackWriter() {
   MutexLock lock(mu_);
-  if (active_ != 0) {
+  for (uint32_t id : active_) {
+    if (id == 0) continue;
     // Best effort, as the writes through the page cache were: the tail reaches the file.
-    PackState& st = State(active_);
+    PackState& st = State(id);
     if (FlushTail(st).ok() && st.direct)
       (void)::ftruncate(st.fd->get(), static_cast<off_t>(st.length));
   }
@@ -69,7 +71,7 @@ PackWriter::~PackWriter() {
 
 Result<std::unique_ptr<PackWriter>> PackWriter::Open(const std::filesystem::path& dir,
                                                      const Options& options,
-                                                     std::optional<PackExtent> resume,
+                                                     const std::vector<PackExtent>& resume,
                                                      uint32_t next_id) {
   std::unique_ptr<PackWriter> w(new PackWriter(dir, options));
   MutexLock lock(w->mu_);
@@ -82,15 +84,18 @@ Result<std::unique_ptr<PackWriter>> PackWriter::Open(const std::filesystem::path
     }
   }
   w->next_id_ = next_id;
-  if (resume && resume->length < options.target_bytes) {
-    CKPTFS_RETURN_IF_ERROR(w->StartPack(resume->pack_id, resume->length));
+  for (const PackExtent& pack : resume) {
+    if (pack.length < options.target_bytes && w->active_[static_cast<size_t>(pack.lane)] == 0) {
+      CKPTFS_RETURN_IF_ERROR(w->StartPack(pack.pack_id, pack.lane, pack.length));
+    }
   }
   return w;
 }
 
-Status PackWriter::StartPack(uint32_t id, std::optional<uint64_t> resume_length) {
+Status PackWriter::StartPack(uint32_t id, PackLane lane, std::optional<uint64_t> resume_length) {
   PackState st;
   st.id = id;
+  st.lane = lane;
   st.path = dir_ / PackFileName(id);
   int flags = O_RDWR | (resume_length ? 0 : O_CREAT | O_EXCL);
   CKPTFS_ASSIGN_OR_RETURN(FileDescriptor fd, OpenFile(st.path, flags));
@@ -109,7 +114,7 @@ Status PackWriter::StartPack(uint32_t id, std::optional<uint64_t> resume_length)
     }
   } else {
     std::byte header[kPackHeaderBytes];
-    EncodePackHeader(id, header);
+    EncodePackHeader(id, header, lane);
     Status s = StartSegment(st, kPackHeaderBytes, {header, kPackHeaderBytes}, /*on_disk=*/false);
     if (s.ok() && !st.direct) s = PWriteFull(st.fd->get(), 0, {header, kPackHeaderBytes}, st.path);
     if (s.ok()) s = DataSync(st.fd->get(), st.path);
@@ -123,7 +128,7 @@ Status PackWriter::StartPack(uint32_t id, std::optional<uint64_t> resume_length)
   if (id >= next_id_) next_id_ = id + 1;
   last_direct_ = st.direct != nullptr;
   packs_[id] = std::move(st);
-  active_ = id;
+  active_[static_cast<size_t>(lane)] = id;
   return Status::OK();
 }
 
@@ -175,7 +180,8 @@ Status PackWriter::AppendToSegments(PackState& st, Bytes bytes) {
     if (st.seg.size() < kSegmentBytes) continue;
     auto write = std::make_unique<InflightWrite>();
     write->pack_id = st.id;
-    write->offset = st.seg_offset;
+    write->offset = UnwrittenFrom(st);
+    write->segment_from = static_cast<size_t>(write->offset - st.seg_offset);
     write->fd = st.direct;
     write->buffered = st.fd;
     write->header_len = 0;
@@ -193,7 +199,9 @@ Status PackWriter::WritePaddedTail(PackState& st) {
   const size_t padded = static_cast<size_t>(AlignUpForDirectIo(filled));
   st.seg.Resize(padded);
   std::memset(st.seg.data() + filled, 0, padded - filled);
-  Status s = PWriteFull(st.direct->get(), st.seg_offset, st.seg.bytes(), st.path);
+  const uint64_t from = UnwrittenFrom(st);
+  Status s = PWriteFull(st.direct->get(), from,
+                        st.seg.bytes().subspan(static_cast<size_t>(from - st.seg_offset)), st.path);
   st.seg.Resize(filled);
   return s;
 }
@@ -216,13 +224,13 @@ bool PackWriter::using_direct_io() const {
 }
 
 Result<PackLocation> PackWriter::Append(const RecordHeader& header, Buffer payload,
-                                        const std::optional<ChunkId>& delta_base) {
-  return Append(header, std::make_shared<const Buffer>(std::move(payload)), delta_base);
+                                        const std::optional<ChunkId>& delta_base, PackLane lane) {
+  return Append(header, std::make_shared<const Buffer>(std::move(payload)), delta_base, lane);
 }
 
 Result<PackLocation> PackWriter::Append(const RecordHeader& header,
                                         std::shared_ptr<const Buffer> payload,
-                                        const std::optional<ChunkId>& delta_base) {
+                                        const std::optional<ChunkId>& delta_base, PackLane lane) {
   if (payload == nullptr) return Status::InvalidArgument("record without a payload buffer");
   const size_t header_len = kRecordHeaderBytes + (delta_base ? kChunkIdBytes : 0);
   if (header.stored_len != header_len - kRecordHeaderBytes + payload->size()) {
@@ -230,13 +238,14 @@ Result<PackLocation> PackWriter::Append(const RecordHeader& header,
   }
   MutexLock lock(mu_);
   if (uring_ok_) CKPTFS_RETURN_IF_ERROR(Reap(false));
-  PackState* st = active_ ? &State(active_) : nullptr;
+  uint32_t& active = active_[static_cast<size_t>(lane)];
+  PackState* st = active ? &State(active) : nullptr;
   size_t total = header_len + payload->size();
   bool full = st && st->length + total > options_.target_bytes && st->length > kPackHeaderBytes;
   if (!st || full || st->failed_at != UINT64_MAX) {
-    if (st) CKPTFS_RETURN_IF_ERROR(RotateLocked());
-    CKPTFS_RETURN_IF_ERROR(StartPack(next_id_, std::nullopt));
-    st = &State(active_);
+    if (st) CKPTFS_RETURN_IF_ERROR(ClosePack(active));
+    CKPTFS_RETURN_IF_ERROR(StartPack(next_id_, lane, std::nullopt));
+    st = &State(active);
   }
   PackLocation loc{st->id, st->length, static_cast<uint32_t>(total)};
   if (st->direct) {
@@ -378,42 +387,54 @@ Status PackWriter::WaitAllInflight() {
 
 Status PackWriter::WaitWritten() {
   MutexLock lock(mu_);
-  if (active_ != 0) CKPTFS_RETURN_IF_ERROR(FlushTail(State(active_)));
+  for (uint32_t id : active_) {
+    if (id != 0) CKPTFS_RETURN_IF_ERROR(FlushTail(State(id)));
+  }
   if (uring_ok_) CKPTFS_RETURN_IF_ERROR(WaitAllInflight());
   return Status::OK();
 }
 
 Status PackWriter::Sync() {
-  std::shared_ptr<FileDescriptor> fd;
-  uint32_t id = 0;
-  uint64_t length = 0;
-  std::filesystem::path path;
+  struct ToSync {
+    std::shared_ptr<FileDescriptor> fd;
+    uint32_t id = 0;
+    uint64_t length = 0;
+    std::filesystem::path path;
+  };
+  std::vector<ToSync> to_sync;
+  Status failed;  // of an active pack with nothing left to sync
   {
     MutexLock lock(mu_);
-    if (active_ != 0) {
-      Status flushed = FlushTail(State(active_));
-      if (!flushed.ok() && uring_ok_) (void)WaitAllInflight();
-      CKPTFS_RETURN_IF_ERROR(flushed);
+    Status flushed;
+    for (uint32_t id : active_) {
+      if (id != 0 && flushed.ok()) flushed = FlushTail(State(id));
     }
+    if (!flushed.ok() && uring_ok_) (void)WaitAllInflight();
+    CKPTFS_RETURN_IF_ERROR(flushed);
     if (uring_ok_) CKPTFS_RETURN_IF_ERROR(WaitAllInflight());
-    if (active_ == 0) return Status::OK();
-    PackState& st = State(active_);
-    if (st.synced >= st.length) return st.failed_at == UINT64_MAX ? Status::OK() : last_error_;
-    fd = st.fd;
-    id = st.id;
-    length = st.length;
-    path = st.path;
+    for (uint32_t id : active_) {
+      if (id == 0) continue;
+      PackState& st = State(id);
+      if (st.synced < st.length) {
+        to_sync.push_back(ToSync{st.fd, st.id, st.length, st.path});
+      } else if (st.failed_at != UINT64_MAX) {
+        failed = last_error_;
+      }
+    }
   }
-  Status s = DataSync(fd->get(), path);
-  MutexLock lock(mu_);
-  PackState& st = State(id);
-  if (!s.ok()) {
-    st.failed_at = std::min(st.failed_at, st.synced);
-    last_error_ = s;
-    return s;
+  // Outside the lock: appends go on while the packs sync.
+  for (const ToSync& p : to_sync) {
+    Status s = DataSync(p.fd->get(), p.path);
+    MutexLock lock(mu_);
+    PackState& st = State(p.id);
+    if (!s.ok()) {
+      st.failed_at = std::min(st.failed_at, st.synced);
+      last_error_ = s;
+      return s;
+    }
+    st.synced = std::max(st.synced, p.length);
   }
-  st.synced = std::max(st.synced, length);
-  return Status::OK();
+  return failed;
 }
 
 bool PackWriter::IsDurable(const PackLocation& loc) const {
@@ -425,17 +446,50 @@ bool PackWriter::IsDurable(const PackLocation& loc) const {
   return end <= st.synced && end <= st.failed_at;
 }
 
-Status PackWriter::Rotate() {
-  MutexLock lock(mu_);
-  return RotateLocked();
+Status PackWriter::PunchDead(uint32_t pack_id,
+                             const std::vector<std::pair<uint64_t, uint64_t>>& ranges) {
+  // Bytes below stable_end are on disk for good: a pack this writer appended to, up to what is
+  // synced (later writes of its tail leave the bytes before it as they are); any other, all.
+  uint64_t stable_end = UINT64_MAX;
+  {
+    MutexLock lock(mu_);
+    auto it = packs_.find(pack_id);
+    if (it != packs_.end()) {
+      PackState& st = it->second;
+      stable_end = std::min(st.synced, st.failed_at);
+      if (st.seg.size() > 0) {  // the tail in memory: its dead bytes are zeros from now on
+        const uint64_t seg_end = st.seg_offset + st.seg.size();
+        for (const auto& [from, to] : ranges) {
+          const uint64_t a = std::max(from, st.seg_offset), b = std::min(to, seg_end);
+          if (a < b) std::memset(st.seg.data() + (a - st.seg_offset), 0, b - a);
+        }
+      }
+    }
+  }
+  const std::filesystem::path path = dir_ / PackFileName(pack_id);
+  CKPTFS_ASSIGN_OR_RETURN(FileDescriptor file, OpenFile(path, O_RDWR | O_CLOEXEC));
+  for (const auto& [from, to] : ranges) {
+    CKPTFS_RETURN_IF_ERROR(PunchRange(file.get(), from, to, stable_end, path));
+  }
+  return Status::OK();
 }
 
-Status PackWriter::RotateLocked() {
-  if (active_ == 0) return Status::OK();
-  PackState& st = State(active_);
+Status PackWriter::Rotate() {
+  MutexLock lock(mu_);
+  Status first;
+  for (uint32_t& id : active_) {
+    if (id == 0) continue;
+    Status s = ClosePack(id);
+    if (first.ok()) first = s;
+  }
+  return first;
+}
+
+Status PackWriter::ClosePack(uint32_t& active) {
+  PackState& st = State(active);
   Status flushed = FlushTail(st);
   if (uring_ok_) CKPTFS_RETURN_IF_ERROR(WaitAllInflight());
-  active_ = 0;
+  active = 0;
   if (st.seg.capacity() > 0) free_segments_.push_back(std::move(st.seg));
   st.seg = Buffer();
   if (!flushed.ok()) return flushed;
@@ -460,15 +514,15 @@ uint32_t PackWriter::ReserveId() {
   return next_id_++;
 }
 
-uint32_t PackWriter::active_pack_id() const {
+std::vector<PackExtent> PackWriter::active_extents() const {
   MutexLock lock(mu_);
-  return active_;
-}
-
-std::optional<PackExtent> PackWriter::active_extent() const {
-  MutexLock lock(mu_);
-  if (active_ == 0) return std::nullopt;
-  return PackExtent{active_, packs_.at(active_).length};
+  std::vector<PackExtent> out;
+  for (uint32_t id : active_) {
+    if (id == 0) continue;
+    const PackState& st = packs_.at(id);
+    out.push_back(PackExtent{id, st.length, st.lane});
+  }
+  return out;
 }
 
 }  // namespace ckptfs

@@ -1,8 +1,17 @@
 // engine/store/pack_writer.h
 //
-// Appends records to the active pack file, starting a new pack once the active one reaches its
-// target size. Writes go through io_uring when the kernel allows it (submitted asynchronously),
-// else through pwrite.
+// Appends records to the active pack file of their lane, starting a new pack once the active
+// one reaches its target size. Writes go through io_uring when the kernel allows it (submitted
+// asynchronously), else through pwrite.
+//
+// Lanes (PackLane, record.h): each lane has a pack of its own being appended to, so that
+// records that die together lie together. The store sends the records that later re-encoding
+// replaces (a version's changed tensor pieces, raw pieces waiting for compression) to kMain,
+// and the ones nothing replaces (non-tensor bytes, first versions' pieces) to kLasting: once a
+// version's tensor pieces are replaced, their dead run punches out in whole blocks, where a
+// small live record between two dead ones kept the 4 KiB blocks it shares with them
+// (docs/engine.md "Pack lanes"). A pack's header names its lane; a reopened store resumes one
+// pack per lane.
 //
 // Direct writes (Options::direct_io, the default, where the pack's filesystem takes O_DIRECT):
 // records are copied into aligned segments of kSegmentBytes, and each full segment is written
@@ -27,11 +36,14 @@
 
 #include <liburing.h>
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "engine/store/record.h"
@@ -51,6 +63,7 @@ struct PackLocation {
 struct PackExtent {
   uint32_t pack_id = 0;
   uint64_t length = 0;
+  PackLane lane = PackLane::kMain;
 };
 
 class PackWriter {
@@ -65,11 +78,12 @@ class PackWriter {
     bool direct_io = true;
   };
   static constexpr size_t kSegmentBytes = 2u << 20;
-  // Appends to `resume` (a pack already cut to its committed length) when given and still
-  // under target, else creates pack `next_id`.
+  // Appends to the packs of `resume` (each already cut to its committed length, at most one
+  // per lane) that are still under target; other lanes create a pack (from `next_id` on) at
+  // their first record.
   static Result<std::unique_ptr<PackWriter>> Open(const std::filesystem::path& dir,
                                                   const Options& options,
-                                                  std::optional<PackExtent> resume,
+                                                  const std::vector<PackExtent>& resume,
                                                   uint32_t next_id);
   ~PackWriter();
   PackWriter(const PackWriter&) = delete;
@@ -77,14 +91,17 @@ class PackWriter {
 
   // Appends one record: the header, then, for a delta, its base's id (the first bytes of a
   // delta's payload, record.h; header.stored_len counts them), then `payload`, so a delta's
-  // encoded bytes need no copy behind the id. The payload is owned until its write completes;
-  // while the queue of such writes holds Options::queue_bytes, Append waits for completions.
+  // encoded bytes need no copy behind the id, to the active pack of `lane`. The payload is
+  // owned until its write completes; while the queue of such writes holds
+  // Options::queue_bytes, Append waits for completions.
   Result<PackLocation> Append(const RecordHeader& header, Buffer payload,
-                              const std::optional<ChunkId>& delta_base = std::nullopt);
+                              const std::optional<ChunkId>& delta_base = std::nullopt,
+                              PackLane lane = PackLane::kMain);
   // The same, with a payload shared with others (the chunk cache): kept until written, never
   // changed.
   Result<PackLocation> Append(const RecordHeader& header, std::shared_ptr<const Buffer> payload,
-                              const std::optional<ChunkId>& delta_base = std::nullopt);
+                              const std::optional<ChunkId>& delta_base = std::nullopt,
+                              PackLane lane = PackLane::kMain);
   // Returns once every record appended before the call is on disk or known to have failed.
   Status Sync();
   // Returns once every record appended before the call has been written (not necessarily
@@ -92,12 +109,18 @@ class PackWriter {
   Status WaitWritten();
   // True when the record at `loc` was written successfully and synced.
   bool IsDurable(const PackLocation& loc) const;
-  // Closes the active pack (synced) and starts a new one on the next Append.
+  // Gives back the blocks of dead ranges [from, to) of pack `pack_id` (PunchRange, file.h): the
+  // bytes read as zeros after, also where the pack's tail is still being written (its segment
+  // in memory is zeroed too, so that a later write of the tail does not bring them back), and
+  // a range's edge blocks go where the rest of them reads as zeros already and is on disk for
+  // good. The ranges must be dead (no row or pin points into them). NotSupported where the
+  // filesystem has no holes.
+  Status PunchDead(uint32_t pack_id, const std::vector<std::pair<uint64_t, uint64_t>>& ranges);
+  // Closes the active packs (synced); each lane starts a new one on its next Append.
   Status Rotate();
-  uint32_t active_pack_id() const;
-  // The active pack and the bytes appended to it (its file may be longer: a direct pack's
-  // block padding), if there is one.
-  std::optional<PackExtent> active_extent() const;
+  // The active packs and the bytes appended to each (a file may be longer: a direct pack's
+  // block padding).
+  std::vector<PackExtent> active_extents() const;
   // Reserves a pack id this writer will never use, for a pack another process writes
   // (Store::CreateExternalPack).
   uint32_t ReserveId();
@@ -108,6 +131,7 @@ class PackWriter {
  private:
   struct PackState {
     uint32_t id = 0;
+    PackLane lane = PackLane::kMain;
     std::shared_ptr<FileDescriptor> fd;
     std::filesystem::path path;
     uint64_t length = 0;              // bytes appended (including the header)
@@ -116,7 +140,9 @@ class PackWriter {
     uint64_t writeback_from = 0;      // writeback has been started for bytes before this
     // Direct writes: the O_DIRECT descriptor (null for a pack written through the page cache)
     // and the segment being filled, which starts at seg_offset (aligned) and holds the pack's
-    // bytes up to `length`; seg_written: how many of them are on disk (a flushed tail).
+    // bytes up to `length`; seg_written: how many of them are on disk (a flushed tail). A
+    // write of the segment starts at the block that holds seg_written: the blocks before it
+    // are on disk already, and writing them again would bring back what PunchDead punched.
     std::shared_ptr<FileDescriptor> direct;
     Buffer seg;
     uint64_t seg_offset = 0;
@@ -125,8 +151,9 @@ class PackWriter {
   struct InflightWrite;
 
   PackWriter(std::filesystem::path dir, Options options);
-  Status StartPack(uint32_t id, std::optional<uint64_t> resume_length) REQUIRES(mu_);
-  Status RotateLocked() REQUIRES(mu_);
+  Status StartPack(uint32_t id, PackLane lane, std::optional<uint64_t> resume_length) REQUIRES(mu_);
+  // Closes pack `active` (an entry of active_, set to 0).
+  Status ClosePack(uint32_t& active) REQUIRES(mu_);
   Status SubmitWrite(std::unique_ptr<InflightWrite> write) REQUIRES(mu_);
   // Direct writes: copies `bytes` into the pack's segments, submitting each one that fills.
   Status AppendToSegments(PackState& st, Bytes bytes) REQUIRES(mu_);
@@ -135,6 +162,10 @@ class PackWriter {
   Status FlushTail(PackState& st) REQUIRES(mu_);
   // The write itself, nothing recorded.
   Status WritePaddedTail(PackState& st) REQUIRES(mu_);
+  // Where a write of the segment starts: the block that holds seg_written.
+  static uint64_t UnwrittenFrom(const PackState& st) {
+    return std::max(st.seg_offset, AlignDownForDirectIo(st.seg_written));
+  }
   Buffer NewSegment() REQUIRES(mu_);
   // Direct packs: the segment of a pack `length` bytes long whose last block starts with
   // `tail`; unless that is `on_disk` already, the block is written at once (the probe), and a
@@ -153,7 +184,8 @@ class PackWriter {
   const Options options_;
   mutable Mutex mu_;
   std::map<uint32_t, PackState> packs_ GUARDED_BY(mu_);
-  uint32_t active_ GUARDED_BY(mu_) = 0;  // 0: none (start one on Append)
+  // Per lane, the pack appended to; 0: none (start one on Append).
+  std::array<uint32_t, kPackLanes> active_ GUARDED_BY(mu_){};
   uint32_t next_id_ GUARDED_BY(mu_) = 1;
   bool uring_ok_ = false;  // set by Open, then read-only
   io_uring ring_ GUARDED_BY(mu_){};

@@ -7,10 +7,13 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <optional>
+#include <set>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -39,7 +42,9 @@ class PackWriterTest : public ::testing::TestWithParam<std::tuple<bool, bool>> {
     options.use_io_uring = std::get<0>(GetParam());
     options.direct_io = std::get<1>(GetParam());
     options.queue_bytes = queue_bytes;
-    auto w = PackWriter::Open(dir_, options, resume, next_id);
+    std::vector<PackExtent> packs;
+    if (resume) packs.push_back(*resume);
+    auto w = PackWriter::Open(dir_, options, packs, next_id);
     EXPECT_TRUE(w.ok()) << w.status().ToString();
     // This test's directory is on a filesystem that takes O_DIRECT (ext4, xfs, tmpfs >= 6.6).
     EXPECT_EQ((*w)->using_direct_io(), options.direct_io && resume.has_value())
@@ -47,12 +52,12 @@ class PackWriterTest : public ::testing::TestWithParam<std::tuple<bool, bool>> {
     return std::move(*w);
   }
   // Appends a record of `n` pseudo-random bytes; remembers it for CheckAll.
-  PackLocation Add(PackWriter& w, size_t n, uint32_t seed) {
+  PackLocation Add(PackWriter& w, size_t n, uint32_t seed, PackLane lane = PackLane::kMain) {
     Buffer payload = RandomBuffer(n, seed);
     const RecordHeader header =
         RecordHeader::For(ChunkId::Of(payload.bytes()), static_cast<uint32_t>(payload.size()),
                           PieceEncoding{}, payload.bytes());
-    auto loc = w.Append(header, Buffer(payload.bytes()));
+    auto loc = w.Append(header, Buffer(payload.bytes()), std::nullopt, lane);
     EXPECT_TRUE(loc.ok()) << loc.status().ToString();
     written_.emplace_back(*loc, std::move(payload));
     return *loc;
@@ -173,7 +178,8 @@ TEST_P(PackWriterTest, RecordsAcrossSegmentsAndFlushedTailsKeepEveryByte) {
   ASSERT_TRUE(w->Sync().ok());
   CheckAll(*w);
   // Rotation leaves the pack exactly as long as its records (no block padding).
-  const uint32_t pack = w->active_pack_id();
+  ASSERT_EQ(w->active_extents().size(), 1u);
+  const uint32_t pack = w->active_extents()[0].pack_id;
   ASSERT_TRUE(w->Rotate().ok());
   const PackLocation& last = written_.back().first;
   EXPECT_EQ(FileSize(pack), last.offset + last.length);
@@ -202,6 +208,96 @@ TEST_P(PackWriterTest, AResumedPackKeepsItsRecordsAndTakesMore) {
   Add(*w, 3 * PackWriter::kSegmentBytes, 4);
   ASSERT_TRUE(w->Sync().ok());
   CheckAll(*w);
+}
+
+TEST_P(PackWriterTest, EachLaneAppendsToAPackOfItsOwnThatItsHeaderNames) {
+  std::vector<PackExtent> ends;
+  {
+    auto w = Open(8u << 20);
+    const uint32_t main = Add(*w, 70000, 1).pack_id;
+    const uint32_t lasting = Add(*w, 300, 2, PackLane::kLasting).pack_id;
+    EXPECT_NE(main, lasting);
+    // Records of one lane lie one after the other, whatever the other lane appended between.
+    const PackLocation a = Add(*w, 5000, 3);
+    Add(*w, 200, 4, PackLane::kLasting);
+    const PackLocation b = Add(*w, PackWriter::kSegmentBytes + 5, 5);
+    EXPECT_EQ(a.pack_id, main);
+    EXPECT_EQ(b.pack_id, main);
+    EXPECT_EQ(b.offset, a.offset + a.length);
+    ASSERT_TRUE(w->Sync().ok());
+    CheckAll(*w);
+    ends = w->active_extents();
+    ASSERT_EQ(ends.size(), 2u);
+    for (const PackExtent& e : ends) {
+      std::byte header[kPackHeaderBytes];
+      auto fd = OpenFile(dir_ / PackFileName(e.pack_id), O_RDONLY);
+      ASSERT_TRUE(fd.ok());
+      ASSERT_TRUE(PReadFull(fd->get(), 0, {header, kPackHeaderBytes}, "pack").ok());
+      ASSERT_TRUE(CheckPackHeader({header, kPackHeaderBytes}, e.pack_id).ok());
+      EXPECT_EQ(PackLaneOf({header, kPackHeaderBytes}), e.lane);
+      EXPECT_EQ(e.pack_id, e.lane == PackLane::kMain ? main : lasting);
+    }
+  }
+  // Reopened with both packs to resume (cut to their lengths, as the store does): each lane
+  // goes on in its own.
+  for (const PackExtent& e : ends) {
+    ASSERT_EQ(::truncate((dir_ / PackFileName(e.pack_id)).c_str(), static_cast<off_t>(e.length)),
+              0);
+  }
+  PackWriter::Options options;
+  options.use_io_uring = std::get<0>(GetParam());
+  options.direct_io = std::get<1>(GetParam());
+  auto w = PackWriter::Open(dir_, options, ends, 10);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  for (const PackExtent& e : ends) {
+    const PackLocation loc = Add(**w, 999, 6 + static_cast<uint32_t>(e.lane), e.lane);
+    EXPECT_EQ(loc.pack_id, e.pack_id);
+    EXPECT_EQ(loc.offset, e.length);
+  }
+  ASSERT_TRUE((*w)->Sync().ok());
+  CheckAll(**w);
+  // Rotate closes both.
+  ASSERT_TRUE((*w)->Rotate().ok());
+  EXPECT_TRUE((*w)->active_extents().empty());
+}
+
+// Records that die apart free the block they share: the first punch zeroes its part of it (on
+// disk, and in the tail segment still in memory, which a later write of the tail would
+// otherwise bring back), the second finds the rest zero and frees the block.
+TEST_P(PackWriterTest, DeadRecordsThatDieApartFreeTheBlockTheyShare) {
+  auto w = Open(8u << 20);
+  const PackLocation keep = Add(*w, 10000, 1);
+  const PackLocation a = Add(*w, 6000, 2);
+  ASSERT_TRUE(w->Sync().ok());  // a's last block is the tail's: written again with what follows
+  const std::filesystem::path path = dir_ / PackFileName(a.pack_id);
+  auto allocated = [&] {
+    struct stat st {};
+    EXPECT_EQ(::stat(path.c_str(), &st), 0);
+    return static_cast<uint64_t>(st.st_blocks) * 512;
+  };
+  ASSERT_TRUE(w->PunchDead(a.pack_id, {{a.offset, a.offset + a.length}}).ok());
+  const PackLocation b = Add(*w, 6000, 3);
+  const PackLocation c = Add(*w, 9000, 4);
+  ASSERT_TRUE(w->Sync().ok());
+  // A block that only a and b hold: freed only once both are dead.
+  const uint64_t shared = (a.offset + a.length) / 4096 * 4096;
+  ASSERT_GE(shared, keep.offset + keep.length);
+  ASSERT_LE(shared + 4096, b.offset + b.length);
+  ASSERT_TRUE(w->PunchDead(b.pack_id, {{b.offset, b.offset + b.length}}).ok());
+  // The blocks that hold a byte of the header, keep or c stay; a's and b's others are gone.
+  std::set<uint64_t> blocks;
+  for (const auto& [from, to] : {std::pair<uint64_t, uint64_t>{0, kPackHeaderBytes},
+                                 {keep.offset, keep.offset + keep.length},
+                                 {c.offset, c.offset + c.length}}) {
+    for (uint64_t block = from / 4096; block * 4096 < to; ++block) blocks.insert(block);
+  }
+  EXPECT_EQ(allocated(), blocks.size() * 4096);
+  // What lives reads back as written; the dead bytes read as zeros.
+  written_.erase(written_.begin() + 1, written_.begin() + 3);
+  CheckAll(*w);
+  Buffer dead = ReadAt(PackLocation{a.pack_id, a.offset, a.length + b.length});
+  EXPECT_TRUE(std::all_of(dead.data(), dead.data() + dead.size(),
+                          [](std::byte x) { return x == std::byte{0}; }));
 }
 
 INSTANTIATE_TEST_SUITE_P(IoUringAndPwrite, PackWriterTest,

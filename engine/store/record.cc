@@ -80,11 +80,12 @@ Buffer JoinDeltaPayload(const ChunkId& base, Bytes encoded) {
   return out;
 }
 
-void EncodePackHeader(uint32_t pack_id, std::byte out[kPackHeaderBytes]) {
+void EncodePackHeader(uint32_t pack_id, std::byte out[kPackHeaderBytes], PackLane lane) {
   std::memset(out, 0, kPackHeaderBytes);
   std::memcpy(out, kPackMagic, 8);
   PutLE<uint32_t>(out + 8, kPackFormatVersion);
   PutLE<uint32_t>(out + 12, pack_id);
+  out[16] = static_cast<std::byte>(lane);
   PutLE<uint64_t>(out + 24, Checksum64({out, 24}));
 }
 
@@ -102,6 +103,12 @@ Status CheckPackHeader(Bytes in, uint32_t pack_id) {
     return Status::Corruption("pack header names another pack id");
   }
   return Status::OK();
+}
+
+PackLane PackLaneOf(Bytes header) {
+  if (header.size() < kPackHeaderBytes) return PackLane::kMain;
+  const auto lane = static_cast<uint8_t>(header[16]);
+  return lane < kPackLanes ? static_cast<PackLane>(lane) : PackLane::kMain;
 }
 
 std::string PackFileName(uint32_t pack_id) {

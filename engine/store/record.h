@@ -86,9 +86,27 @@ Result<RecordBody> SplitRecordPayload(const RecordHeader& header, Bytes payload)
 // The payload of a delta record: the base's id, then the encoded bytes.
 Buffer JoinDeltaPayload(const ChunkId& base, Bytes encoded);
 
-// The 32-byte header that starts every pack file: "CKPTPACK", format version, pack id.
-void EncodePackHeader(uint32_t pack_id, std::byte out[kPackHeaderBytes]);
+// Which of the packs being appended to a pack was started for (pack_writer.h): recorded in its
+// header so that a store reopened goes on appending to each. Packs written before lanes, and
+// those written by other writers (gc's copies go to kMain too), read as kMain.
+// Lanes sort records by when they die (the re-encoder replaces them), so that records that die
+// together lie together.
+enum class PackLane : uint8_t {
+  kMain = 0,       // a version's whole tensor pieces (the next version makes them deltas), and
+                   // records written by anyone but the writer and the re-encoder
+  kLasting = 1,    // records nothing replaces: non-tensor bytes, first versions' pieces, deltas
+  kTransient = 2,  // records the re-encoder replaces as soon as it reaches their version: raw
+                   // pieces it compresses, forward deltas it makes whole
+};
+inline constexpr size_t kPackLanes = 3;
+
+// The 32-byte header that starts every pack file: "CKPTPACK", format version, pack id, lane
+// (byte 16; zero in packs written before lanes), checksum of bytes 0..23 at 24.
+void EncodePackHeader(uint32_t pack_id, std::byte out[kPackHeaderBytes],
+                      PackLane lane = PackLane::kMain);
 Status CheckPackHeader(Bytes in, uint32_t pack_id);
+// The lane of a header CheckPackHeader accepted; an unknown value reads as kMain.
+PackLane PackLaneOf(Bytes header);
 
 // "000042.pack"
 std::string PackFileName(uint32_t pack_id);

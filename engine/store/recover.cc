@@ -12,6 +12,7 @@
 // proves nothing.
 #include <spdlog/spdlog.h>
 
+#include <array>
 #include <map>
 #include <set>
 
@@ -21,6 +22,9 @@
 
 namespace ckptfs {
 namespace {
+
+// How many of the newest packs are looked at for each lane's pack to go on appending to.
+constexpr int kResumeCandidates = 8;
 
 struct PackFile {
   std::filesystem::path path;
@@ -98,9 +102,9 @@ Result<Store::RecoveredPacks> Store::RecoverPacks() {
           "pack {}: {}, but chunk rows point at records up to byte {} and the records are "
           "there: the catalog is damaged. The pack is kept as it is; run `ckptfs verify`",
           file.path.string(),
-          it == rows.end() ? std::string("the catalog has no row for it")
-                           : "the catalog's row says " + std::to_string(committed) +
-                                 " bytes are committed",
+          it == rows.end()
+              ? std::string("the catalog has no row for it")
+              : "the catalog's row says " + std::to_string(committed) + " bytes are committed",
           confirmed);
       continue;
     }
@@ -122,12 +126,26 @@ Result<Store::RecoveredPacks> Store::RecoverPacks() {
   }
   for (const auto& [id, row] : rows) max_id = std::max(max_id, id);
 
-  RecoveredPacks out{std::nullopt, max_id + 1};
-  if (!rows.empty()) {
-    auto last = rows.rbegin();
-    auto file = files.find(last->first);
-    if (file != files.end() && file->second.size == last->second.committed) {
-      out.resume = PackExtent{last->first, file->second.size};
+  // Each lane goes on appending to its last pack (the header says whose it is) where the pack
+  // is whole up to its committed length. The newest few packs are looked at: a lane without
+  // one among them (a store written before lanes) starts a pack when it is first used.
+  RecoveredPacks out{{}, max_id + 1};
+  std::array<bool, kPackLanes> seen{};
+  int looked = 0;
+  for (auto it = rows.rbegin(); it != rows.rend() && looked < kResumeCandidates; ++it, ++looked) {
+    auto file = files.find(it->first);
+    if (file == files.end() || file->second.size < kPackHeaderBytes) continue;
+    std::byte header[kPackHeaderBytes];
+    CKPTFS_ASSIGN_OR_RETURN(FileDescriptor fd, OpenFile(file->second.path, O_RDONLY));
+    if (!PReadFull(fd.get(), 0, {header, kPackHeaderBytes}, file->second.path).ok() ||
+        !CheckPackHeader({header, kPackHeaderBytes}, it->first).ok()) {
+      continue;
+    }
+    const PackLane lane = PackLaneOf({header, kPackHeaderBytes});
+    if (seen[static_cast<size_t>(lane)]) continue;
+    seen[static_cast<size_t>(lane)] = true;
+    if (file->second.size == it->second.committed) {
+      out.resume.push_back(PackExtent{it->first, file->second.size, lane});
     }
   }
   return out;

@@ -299,9 +299,9 @@ Status Store::ReverseDeltas(ContentId id) {
                                         ? static_cast<unsigned>(options_.worker_threads)
                                         : std::max(1u, std::thread::hardware_concurrency());
   // 2. Encodes a batch, the candidates from i on (i moves past them): X whole, B against X,
-  // and appends the records (durable before the catalog names them, step 3). The whole
-  // records go first, the deltas after them: the next version's re-encoding replaces the
-  // wholes, and a contiguous run of dead records punches out without waste.
+  // and appends the records (durable before the catalog names them, step 3), each to the pack
+  // lane of the records that die when it does (record.h): the next version's re-encoding
+  // replaces the wholes, and a contiguous run of dead records punches out without waste.
   auto encode_batch = [&](size_t& i) -> Result<std::vector<Swap>> {
     struct Encoded {
       RecordHeader header;
@@ -362,7 +362,10 @@ Status Store::ReverseDeltas(ContentId id) {
       std::optional<Encoded> delta;
       if (c.has_b && c.b_promoted) {  // an anchor stays whole: no need to try
         EncodedPiece d = EncodePiece(*options_.codec, b_raw.bytes(), c.b_row.width, &x_bytes);
-        if (IsDelta(d.encoding.transform)) {
+        // Where X stays as written, the commit (step 3) takes B's delta only if it is smaller
+        // than B: one that is not would be appended only to die.
+        const uint64_t delta_len = kRecordHeaderBytes + kChunkIdBytes + d.stored.size();
+        if (IsDelta(d.encoding.transform) && (!c.x_whole || delta_len < c.b_row.length)) {
           RecordHeader h =
               RecordHeader::ForDelta(c.b, c.b_row.raw_len, d.encoding, c.x, d.stored.bytes());
           delta = Encoded{h, std::move(d.stored)};
@@ -382,14 +385,18 @@ Status Store::ReverseDeltas(ContentId id) {
       for (size_t k = 0; k < swaps.size(); ++k) {
         if (!encoded[k].first) continue;
         Encoded& w = *encoded[k].first;
-        CKPTFS_ASSIGN_OR_RETURN(PackLocation loc, packs_->Append(w.header, std::move(w.payload)));
+        // Lanes (record.h): a first version's piece stays whole for good; a later one's
+        // becomes a delta when the next version arrives, as the other wholes of its version.
+        const PackLane lane = swaps[k].c.has_b ? PackLane::kMain : PackLane::kLasting;
+        CKPTFS_ASSIGN_OR_RETURN(PackLocation loc,
+                                packs_->Append(w.header, std::move(w.payload), std::nullopt, lane));
         swaps[k].x_whole = RowOf(w.header, loc);
       }
       for (size_t k = 0; k < swaps.size(); ++k) {
         if (!encoded[k].second) continue;
         Encoded& d = *encoded[k].second;
-        CKPTFS_ASSIGN_OR_RETURN(PackLocation loc,
-                                packs_->Append(d.header, std::move(d.payload), swaps[k].c.x));
+        CKPTFS_ASSIGN_OR_RETURN(PackLocation loc, packs_->Append(d.header, std::move(d.payload),
+                                                                 swaps[k].c.x, PackLane::kLasting));
         swaps[k].b_delta = RowOf(d.header, loc);
         swaps[k].b_delta->base = swaps[k].c.x;
       }
@@ -589,34 +596,25 @@ Status Store::ReverseDeltas(ContentId id) {
 }
 
 void Store::PunchRecords(std::vector<PackLocation> dead) {
-  constexpr uint64_t kBlock = 4096;
   std::sort(dead.begin(), dead.end(), [](const PackLocation& a, const PackLocation& b) {
     return a.pack_id != b.pack_id ? a.pack_id < b.pack_id : a.offset < b.offset;
   });
-  FileDescriptor fd;
-  uint32_t fd_pack = 0;
   for (size_t i = 0; i < dead.size();) {
-    // A run of adjacent records: [from, to).
+    // The pack's runs of adjacent records, each [from, to).
     const uint32_t pack = dead[i].pack_id;
-    const uint64_t from = dead[i].offset;
-    uint64_t to = from + dead[i].length;
-    for (++i; i < dead.size() && dead[i].pack_id == pack && dead[i].offset == to; ++i) {
-      to += dead[i].length;
+    std::vector<std::pair<uint64_t, uint64_t>> runs;
+    while (i < dead.size() && dead[i].pack_id == pack) {
+      const uint64_t from = dead[i].offset;
+      uint64_t to = from + dead[i].length;
+      for (++i; i < dead.size() && dead[i].pack_id == pack && dead[i].offset == to; ++i) {
+        to += dead[i].length;
+      }
+      runs.emplace_back(from, to);
     }
-    const uint64_t start = (from + kBlock - 1) / kBlock * kBlock;
-    const uint64_t end = to / kBlock * kBlock;
-    if (end <= start) continue;
-    if (!fd.valid() || fd_pack != pack) {
-      auto opened = OpenFile(PackPath(pack), O_WRONLY | O_CLOEXEC);
-      if (!opened.ok()) continue;  // gc punches it later
-      fd = std::move(*opened);
-      fd_pack = pack;
-    }
-    if (::fallocate(fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(start),
-                    static_cast<off_t>(end - start)) != 0 &&
-        errno != EOPNOTSUPP) {
+    Status s = packs_->PunchDead(pack, runs);
+    if (!s.ok() && !s.IsNotSupported() && !s.IsNotFound()) {
       spdlog::info("punching replaced records in pack {}: {} (gc frees them later)", pack,
-                   std::strerror(errno));
+                   s.ToString());
     }
   }
 }

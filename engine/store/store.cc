@@ -305,7 +305,8 @@ Result<ChunkRow> Store::PutChunk(const ChunkId& id, Buffer raw, const PieceHint&
     }
   }
   EncodedPiece piece;
-  if (base == nullptr && !hint.encode && CompressesBehind(raw.size())) {
+  const bool raw_behind = base == nullptr && !hint.encode && CompressesBehind(raw.size());
+  if (raw_behind) {
     // Stored raw: the commit queues it for the re-encoder, which compresses it.
     piece.encoding = {Transform::kPlain, std::clamp<uint8_t>(hint.width, 1, kMaxPieceWidth),
                       Codec::kNone};
@@ -313,6 +314,15 @@ Result<ChunkRow> Store::PutChunk(const ChunkId& id, Buffer raw, const PieceHint&
     piece = EncodePiece(*options_.codec, raw.bytes(), hint.width, base.get());
   }
   const bool delta = IsDelta(piece.encoding.transform);
+  // Which lane (record.h): when the re-encoder replaces the record, if ever.
+  PackLane lane = PackLane::kLasting;
+  if (reencoder_.joinable()) {
+    if (raw_behind || delta) {
+      lane = PackLane::kTransient;  // compressed, or made whole, once the re-encoder gets here
+    } else if (hint.base) {
+      lane = PackLane::kMain;  // whole: the next version makes it a delta
+    }
+  }
   // A delta's payload is its base's id, then the encoded bytes: the pack writer writes the id
   // from the header's buffer, so the encoded bytes are not copied behind it.
   std::optional<ChunkId> delta_base;
@@ -331,7 +341,8 @@ Result<ChunkRow> Store::PutChunk(const ChunkId& id, Buffer raw, const PieceHint&
   // Appended and pinned under gc_mu_, so that gc never finds a record neither pinned nor
   // committed in a pack it is about to rewrite.
   std::shared_lock gc(gc_mu_);
-  CKPTFS_ASSIGN_OR_RETURN(PackLocation loc, packs_->Append(header, std::move(payload), delta_base));
+  CKPTFS_ASSIGN_OR_RETURN(PackLocation loc,
+                          packs_->Append(header, std::move(payload), delta_base, lane));
   ChunkRow row = RowOf(header, loc);
   if (delta) {
     row.base = hint.base->first;
@@ -676,8 +687,11 @@ Status Store::RemoveName(std::string_view name) {
 
 uint64_t Store::PackBytesOnDisk() const {
   uint64_t total = 0;
-  // The active pack counts what was appended, not the padding of a direct pack's last block.
-  const PackExtent active = packs_ ? packs_->active_extent().value_or(PackExtent{}) : PackExtent{};
+  // An active pack counts what was appended, not the padding of a direct pack's last block.
+  std::map<uint32_t, uint64_t> active;  // active packs' appended lengths
+  if (packs_) {
+    for (const PackExtent& e : packs_->active_extents()) active[e.pack_id] = e.length;
+  }
   std::error_code ec;
   for (std::filesystem::directory_iterator it(dir_ / "packs", ec), end; !ec && it != end;
        it.increment(ec)) {
@@ -687,7 +701,7 @@ uint64_t Store::PackBytesOnDisk() const {
         ::stat(it->path().c_str(), &st) == 0) {
       // The file's length, less the holes gc punched (allocated blocks, when fewer).
       uint64_t size = static_cast<uint64_t>(st.st_size);
-      if (id == active.pack_id) size = std::min(size, active.length);
+      if (auto a = active.find(id); a != active.end()) size = std::min(size, a->second);
       total += std::min(size, static_cast<uint64_t>(st.st_blocks) * 512);
     }
   }

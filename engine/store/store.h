@@ -286,6 +286,8 @@ class Store {
   const std::filesystem::path& dir() const { return dir_; }
   const StoreOptions& options() const { return options_; }
   bool using_io_uring() const { return packs_->using_io_uring(); }
+  // The packs being appended to, one per lane in use (pack_writer.h).
+  std::vector<PackExtent> ActivePacks() const { return packs_->active_extents(); }
   // The most raw bytes queued in the write pipeline at once since Open.
   size_t inflight_peak_bytes() const { return inflight_.peak(); }
   // Bytes (and records) read from pack files since Open: what readers cost the disk.
@@ -325,8 +327,9 @@ class Store {
   // then opens the pack writer.
   Status Recover();
   struct RecoveredPacks {
-    std::optional<PackExtent> resume;  // the last pack, when appending may go on there
-    uint32_t next_id = 1;              // above every pack file and row
+    // Per lane, its last pack, where appending may go on there (pack_writer.h).
+    std::vector<PackExtent> resume;
+    uint32_t next_id = 1;  // above every pack file and row
   };
   Result<RecoveredPacks> RecoverPacks();
   // Stores `raw` (unless present) and pins its row until Unpin; returns the row to reference.

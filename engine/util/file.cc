@@ -5,6 +5,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
 namespace ckptfs {
@@ -42,6 +43,36 @@ Status PReadFull(int fd, uint64_t offset, MutableBytes out, const std::filesyste
                                 std::to_string(offset + done));
     }
     done += static_cast<size_t>(n);
+  }
+  return Status::OK();
+}
+
+namespace {
+constexpr uint64_t kPunchBlock = 4096;
+
+// Whether [from, to) reads as zeros (false where it could not be read whole).
+bool ReadsAsZeros(int fd, uint64_t from, uint64_t to) {
+  std::byte buf[kPunchBlock];
+  if (to <= from) return true;
+  if (to - from > sizeof(buf) ||
+      ::pread(fd, buf, to - from, static_cast<off_t>(from)) != static_cast<ssize_t>(to - from)) {
+    return false;
+  }
+  return std::all_of(buf, buf + (to - from), [](std::byte b) { return b == std::byte{0}; });
+}
+}  // namespace
+
+Status PunchRange(int fd, uint64_t from, uint64_t to, uint64_t stable_end,
+                  const std::filesystem::path& path) {
+  if (to <= from) return Status::OK();
+  const uint64_t block_start = from / kPunchBlock * kPunchBlock;
+  if (ReadsAsZeros(fd, block_start, from)) from = block_start;
+  const uint64_t block_end = (to + kPunchBlock - 1) / kPunchBlock * kPunchBlock;
+  if (block_end <= stable_end && ReadsAsZeros(fd, to, block_end)) to = block_end;
+  if (::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(from),
+                  static_cast<off_t>(to - from)) != 0) {
+    if (errno == EOPNOTSUPP) return Status::NotSupported("no holes in " + path.string());
+    return Status::FromErrno(errno, "punch a hole in " + path.string());
   }
   return Status::OK();
 }

@@ -57,6 +57,15 @@ Result<uint64_t> FileSize(int fd, const std::filesystem::path& path);
 // How many bytes of [offset, offset + length) of the file are in the page cache, counted in
 // whole pages (cachestat(2), Linux >= 6.5): NotSupported where the kernel lacks the call.
 Result<uint64_t> PageCacheBytes(int fd, uint64_t offset, uint64_t length);
+// Deallocates the bytes [from, to) of a file (they read as zeros after; FALLOC_FL_PUNCH_HOLE,
+// size kept), and with them the rest of either edge's 4 KiB block where those bytes read as
+// zeros already and, past `to`, lie below `stable_end` (bytes past it may still be written).
+// A range punched on its own leaves the blocks it shares with its neighbours allocated,
+// zeroed: a neighbouring range punched later frees them. Bytes that read as zeros read back
+// the same from a hole, whoever they belong to. NotSupported where the filesystem has no
+// holes.
+Status PunchRange(int fd, uint64_t from, uint64_t to, uint64_t stable_end,
+                  const std::filesystem::path& path);
 // Writes `contents` to path durably and atomically (temp file, fsync, rename, fsync dir).
 Status WriteFileAtomic(const std::filesystem::path& path, std::string_view contents);
 Result<std::string> ReadSmallFile(const std::filesystem::path& path);

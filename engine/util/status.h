@@ -57,6 +57,7 @@ class [[nodiscard]] Status {
   bool IsNotFound() const { return code_ == Code::kNotFound; }
   bool IsCorruption() const { return code_ == Code::kCorruption; }
   bool IsNoSpace() const { return code_ == Code::kNoSpace; }
+  bool IsNotSupported() const { return code_ == Code::kNotSupported; }
 
   // The errno a filesystem returns for this status (0 when OK).
   int ToErrno() const;

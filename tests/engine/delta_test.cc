@@ -2,13 +2,17 @@
 // stored each against the previous one. They read back bitwise (also after reopening), the
 // delta chain bound holds, releasing middle versions and collecting garbage keeps the later
 // ones readable, and malformed checkpoints are stored as opaque bytes.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -601,6 +605,114 @@ TEST_F(DeltaTest, ManySmallReencoderBatchesStoreWhatOneBatchStores) {
   run(dir_.path(), 64u << 10, &many, &many_batches);
   EXPECT_GT(many_batches, 2 * one_batches) << "small batches: several per version";
   EXPECT_EQ(many, one);
+}
+
+// Records die in groups: raw pieces once compressed, a version's whole pieces once the next
+// version makes them deltas. The pack lanes keep each group together (deltas, which nothing
+// replaces, apart; a reopened store goes on in each lane's pack) and a punch frees the blocks a
+// dead range shares with ranges that died before it, so once every version is re-encoded no
+// allocated block of a pack is without a live record (or the pack's header), but for the
+// block each lane appends to next.
+TEST_F(DeltaTest, ReplacedRecordsLeaveNoBlockWithoutALiveRecord) {
+  for (bool compress_behind : {true, false}) {
+    SCOPED_TRACE(compress_behind ? "compress behind" : "encoded at write");
+    TempDir dir{"delta-punched"};
+    StoreOptions options = DeltaOptions(8, /*reverse=*/true);
+    options.compress_behind = compress_behind;
+    options.compress_behind_min_bytes = 0;  // these test files' pieces are small
+    auto store = OpenStore(dir.path(), options);
+    ASSERT_TRUE(store);
+    std::optional<ContentId> previous;
+    auto pack_files = [&] {
+      return std::distance(std::filesystem::directory_iterator(dir.path() / "packs"),
+                           std::filesystem::directory_iterator());
+    };
+    for (size_t v = 0; v < files_.size(); ++v) {
+      if (v == files_.size() / 2) {
+        // Reopened, each lane goes on appending to its pack: no new pack file.
+        const auto packs = pack_files();
+        EXPECT_EQ(store->ActivePacks().size(), compress_behind ? 3u : 2u) << "lanes in use";
+        store.reset();
+        store = OpenStore(dir.path(), options);
+        ASSERT_TRUE(store);
+        EXPECT_EQ(store->ActivePacks().size(), compress_behind ? 3u : 2u) << "lanes resumed";
+        ASSERT_OK_AND_ASSIGN(ContentId id, StoreVersion(*store, previous, files_[v]));
+        store->WaitReencoded();
+        EXPECT_EQ(pack_files(), packs);
+        previous = id;
+        continue;
+      }
+      ASSERT_OK_AND_ASSIGN(ContentId id, StoreVersion(*store, previous, files_[v]));
+      previous = id;
+      store->WaitReencoded();
+    }
+    std::map<uint32_t, std::vector<std::pair<uint64_t, uint64_t>>> live;  // pack -> [from, to)
+    {
+      ASSERT_OK_AND_ASSIGN(auto txn, store->catalog().BeginRead());
+      ASSERT_OK(txn.ForEachChunk([&](const ChunkId&, const ChunkRow& row) {
+        live[row.pack_id].emplace_back(row.offset, row.offset + row.length);
+        return true;
+      }));
+    }
+    ASSERT_OK_AND_ASSIGN(StoreStats stats, store->Stats());
+    EXPECT_GT(stats.chunks_by_transform[static_cast<size_t>(Transform::kSub)] +
+                  stats.chunks_by_transform[static_cast<size_t>(Transform::kXor)],
+              0u)
+        << "versions became deltas";
+    // Every delta lies in a pack of the lasting lane (nothing replaces it).
+    std::map<uint32_t, PackLane> lanes;
+    for (const auto& [pack, ranges] : live) {
+      std::byte header[kPackHeaderBytes];
+      FileDescriptor fd(::open((dir.path() / "packs" / PackFileName(pack)).c_str(), O_RDONLY));
+      ASSERT_OK(PReadFull(fd.get(), 0, {header, kPackHeaderBytes}, "pack"));
+      lanes[pack] = PackLaneOf({header, kPackHeaderBytes});
+    }
+    {
+      ASSERT_OK_AND_ASSIGN(auto txn, store->catalog().BeginRead());
+      ASSERT_OK(txn.ForEachChunk([&](const ChunkId& id, const ChunkRow& row) {
+        if (IsDelta(row.transform)) {
+          EXPECT_EQ(lanes[row.pack_id], PackLane::kLasting) << "delta " << id.ShortHex();
+        }
+        return true;
+      }));
+    }
+    constexpr uint64_t kBlock = 4096;
+    // An active pack's last block is where its next record goes: dead or not, it stays.
+    std::map<uint32_t, uint64_t> tail;
+    for (const auto& [pack, ranges] : live) tail[pack] = UINT64_MAX;
+    for (const PackExtent& e : store->ActivePacks()) tail[e.pack_id] = e.length / kBlock * kBlock;
+    uint64_t waste_blocks = 0;
+    for (auto& [pack, ranges] : live) {
+      ranges.emplace_back(0, kPackHeaderBytes);
+      std::sort(ranges.begin(), ranges.end());
+      const std::filesystem::path path = dir.path() / "packs" / PackFileName(pack);
+      FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+      ASSERT_TRUE(fd.valid()) << path;
+      const off_t size = ::lseek(fd.get(), 0, SEEK_END);
+      for (off_t pos = 0; pos < size;) {
+        const off_t data = ::lseek(fd.get(), pos, SEEK_DATA);
+        if (data < 0) break;
+        const off_t hole = ::lseek(fd.get(), data, SEEK_HOLE);
+        for (uint64_t block = static_cast<uint64_t>(data) / kBlock * kBlock;
+             block < static_cast<uint64_t>(hole); block += kBlock) {
+          // The first range ending past the block's start (ranges do not overlap: sorted by
+          // their ends too) holds a byte of it if it starts before the block's end.
+          auto it = std::partition_point(ranges.begin(), ranges.end(),
+                                         [&](const auto& r) { return r.second <= block; });
+          if ((it == ranges.end() || it->first >= block + kBlock) && block < tail[pack]) {
+            ++waste_blocks;
+            ADD_FAILURE() << PackFileName(pack) << ": block at " << block
+                          << " is allocated and holds no live record";
+            if (waste_blocks > 5) return;
+          }
+        }
+        pos = hole;
+      }
+    }
+    std::printf("pack bytes %llu, live record bytes %llu\n",
+                static_cast<unsigned long long>(stats.pack_bytes),
+                static_cast<unsigned long long>(stats.record_bytes));
+  }
 }
 
 TEST_F(DeltaTest, AWriterThatEncodesAtWriteStoresWhatACompressAtWriteStoreStores) {
