@@ -394,7 +394,9 @@ Status BucketMirror::PublishNow() {
   // read after it may have been punched in between while the image still names it; punches
   // are never undone, so a range with no hole after its upload had none during it. If a range
   // uploaded after the image has a hole, a new image (which no longer names what was punched
-  // before it) is taken and checked the same way.
+  // before it) is taken and checked the same way. A punch to the byte zeroes the partial
+  // blocks at a dead range's edges in place, which leaves no hole: the store's log of punches
+  // (Store::PunchedSince) says whether one since the image touched a range uploaded after it.
   CKPTFS_ASSIGN_OR_RETURN(auto live, CommittedLengths(store_->catalog()));
   CKPTFS_RETURN_IF_ERROR(UploadPacks(live, nullptr));
 
@@ -402,6 +404,7 @@ Status BucketMirror::PublishNow() {
   std::error_code ec;
   std::map<std::string, uint64_t> lengths;  // pack file -> committed length, in the image
   for (int round = 1;; ++round) {
+    const uint64_t punch_seq = store_->PunchSeq();  // punches after it may hit what the image names
     fs::remove_all(image_dir, ec);
     fs::create_directories(image_dir, ec);
     if (ec) return Status::FromErrno(ec.value(), "create " + image_dir.string());
@@ -413,6 +416,13 @@ Status BucketMirror::PublishNow() {
     std::vector<Range> after;
     CKPTFS_RETURN_IF_ERROR(UploadPacks(lengths, &after));
     CKPTFS_ASSIGN_OR_RETURN(bool punched, AnyHole(after));
+    for (const Range& r : after) {
+      uint32_t pack_id = 0;
+      if (!punched && ParsePackFileName(r.file, &pack_id) &&
+          store_->PunchedSince(punch_seq, pack_id, r.offset, r.offset + r.length)) {
+        punched = true;
+      }
+    }
     if (!punched) break;
     if (round == kMaxImageRounds) {
       return Status::Busy("publishing " + loc_.ToString() + ": records were punched while " +

@@ -68,6 +68,10 @@ Result<GcReport> Store::Gc(const GcOptions& options) {
         busy.insert(pinned.row.pack_id);
         in_use[pinned.row.pack_id].emplace_back(pinned.row.offset, pinned.row.length);
       }
+      for (const PackLocation& loc : reencode_appended_) {
+        busy.insert(loc.pack_id);
+        in_use[loc.pack_id].emplace_back(loc.offset, loc.length);
+      }
     }
     CKPTFS_ASSIGN_OR_RETURN(auto txn, catalog_->BeginRead());
     CKPTFS_RETURN_IF_ERROR(txn.ForEachPack([&](uint32_t id, const PackRow& row) {
@@ -173,6 +177,8 @@ Status Store::DropChunksInTxn(Catalog::WriteTxn& txn, std::vector<ChunkId> dead,
     CKPTFS_ASSIGN_OR_RETURN(std::optional<ChunkRow> row, txn.GetChunk(id));
     if (!row) continue;
     CKPTFS_RETURN_IF_ERROR(txn.DeleteChunk(id));
+    // Stored again later (a first version's piece), the chunk would look promoted.
+    CKPTFS_RETURN_IF_ERROR(txn.Delete(Table::kContentMeta, PromotedKey(id)));
     ++report->chunks_dropped;
     if (!IsDelta(row->transform)) continue;
     CKPTFS_ASSIGN_OR_RETURN(std::optional<ChunkRow> base, txn.GetChunk(row->base));

@@ -401,25 +401,26 @@ Status PackWriter::Sync() {
     uint64_t length = 0;
     std::filesystem::path path;
   };
+  // A lane whose pack failed (records past the failure are never durable; its next Append
+  // starts a new pack) does not keep the other lanes' records from being synced: the caller
+  // checks each record with IsDurable; the first error is returned.
   std::vector<ToSync> to_sync;
-  Status failed;  // of an active pack with nothing left to sync
+  Status failed;
   {
     MutexLock lock(mu_);
-    Status flushed;
     for (uint32_t id : active_) {
-      if (id != 0 && flushed.ok()) flushed = FlushTail(State(id));
+      if (id == 0) continue;
+      Status s = FlushTail(State(id));
+      if (failed.ok()) failed = s;
     }
-    if (!flushed.ok() && uring_ok_) (void)WaitAllInflight();
-    CKPTFS_RETURN_IF_ERROR(flushed);
-    if (uring_ok_) CKPTFS_RETURN_IF_ERROR(WaitAllInflight());
+    Status reaped = uring_ok_ ? WaitAllInflight() : Status::OK();
+    if (!reaped.ok()) return reaped;
     for (uint32_t id : active_) {
       if (id == 0) continue;
       PackState& st = State(id);
-      if (st.synced < st.length) {
-        to_sync.push_back(ToSync{st.fd, st.id, st.length, st.path});
-      } else if (st.failed_at != UINT64_MAX) {
-        failed = last_error_;
-      }
+      // A failed pack is synced too: its records before the failure can still be durable.
+      if (st.synced < st.length) to_sync.push_back(ToSync{st.fd, st.id, st.length, st.path});
+      if (st.failed_at != UINT64_MAX && failed.ok()) failed = last_error_;
     }
   }
   // Outside the lock: appends go on while the packs sync.
@@ -430,7 +431,8 @@ Status PackWriter::Sync() {
     if (!s.ok()) {
       st.failed_at = std::min(st.failed_at, st.synced);
       last_error_ = s;
-      return s;
+      if (failed.ok()) failed = s;
+      continue;
     }
     st.synced = std::max(st.synced, p.length);
   }
@@ -453,6 +455,12 @@ Status PackWriter::PunchDead(uint32_t pack_id,
   uint64_t stable_end = UINT64_MAX;
   {
     MutexLock lock(mu_);
+    // Logged before the bytes change, so that PunchedSince never misses one under way.
+    for (const auto& [from, to] : ranges) {
+      punches_.push_back(
+          Punch{++punch_seq_, pack_id, AlignDownForDirectIo(from), AlignUpForDirectIo(to)});
+      if (punches_.size() > kPunchLog) punches_.pop_front();
+    }
     auto it = packs_.find(pack_id);
     if (it != packs_.end()) {
       PackState& st = it->second;
@@ -472,6 +480,21 @@ Status PackWriter::PunchDead(uint32_t pack_id,
     CKPTFS_RETURN_IF_ERROR(PunchRange(file.get(), from, to, stable_end, path));
   }
   return Status::OK();
+}
+
+uint64_t PackWriter::punch_seq() const {
+  MutexLock lock(mu_);
+  return punch_seq_;
+}
+
+bool PackWriter::PunchedSince(uint64_t seq, uint32_t pack_id, uint64_t from, uint64_t to) const {
+  MutexLock lock(mu_);
+  if (punch_seq_ == seq) return false;
+  if (punches_.empty() || punches_.front().seq > seq + 1) return true;  // the log lost some
+  for (auto it = punches_.rbegin(); it != punches_.rend() && it->seq > seq; ++it) {
+    if (it->pack_id == pack_id && it->from < to && from < it->to) return true;
+  }
+  return false;
 }
 
 Status PackWriter::Rotate() {

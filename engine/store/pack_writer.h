@@ -39,6 +39,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <deque>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -116,6 +117,14 @@ class PackWriter {
   // good. The ranges must be dead (no row or pin points into them). NotSupported where the
   // filesystem has no holes.
   Status PunchDead(uint32_t pack_id, const std::vector<std::pair<uint64_t, uint64_t>>& ranges);
+  // Punches are numbered; the last number given out (0: none yet).
+  uint64_t punch_seq() const;
+  // Whether a punch numbered above `seq` may have changed bytes of [from, to) of pack
+  // `pack_id`: one that did, or (conservatively) any, once the log of recent punches no longer
+  // reaches back to `seq`. A reader that copies pack bytes takes punch_seq() before it learns
+  // which records are live, and asks this of what it read after (a byte-exact punch zeroes
+  // partial blocks in place, which leaves no hole to find).
+  bool PunchedSince(uint64_t seq, uint32_t pack_id, uint64_t from, uint64_t to) const;
   // Closes the active packs (synced); each lane starts a new one on its next Append.
   Status Rotate();
   // The active packs and the bytes appended to each (a file may be longer: a direct pack's
@@ -193,6 +202,15 @@ class PackWriter {
   size_t queued_bytes_ GUARDED_BY(mu_) = 0;  // record bytes of those entries
   Status last_error_ GUARDED_BY(mu_);
   std::vector<Buffer> free_segments_ GUARDED_BY(mu_);  // written segments, for reuse
+  // The most recent punches, oldest first (PunchedSince): each range widened to whole blocks.
+  struct Punch {
+    uint64_t seq = 0;
+    uint32_t pack_id = 0;
+    uint64_t from = 0, to = 0;
+  };
+  static constexpr size_t kPunchLog = 8192;
+  std::deque<Punch> punches_ GUARDED_BY(mu_);
+  uint64_t punch_seq_ GUARDED_BY(mu_) = 0;
   bool last_direct_ GUARDED_BY(mu_) = false;
 };
 

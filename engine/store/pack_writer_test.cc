@@ -300,6 +300,26 @@ TEST_P(PackWriterTest, DeadRecordsThatDieApartFreeTheBlockTheyShare) {
                           [](std::byte x) { return x == std::byte{0}; }));
 }
 
+// A byte-exact punch leaves no hole where it zeroes part of a block: the log of punches says
+// which ranges changed since a given point.
+TEST_P(PackWriterTest, PunchedSinceNamesTheRangesPunchedAfterAPoint) {
+  auto w = Open(8u << 20);
+  const PackLocation a = Add(*w, 1000, 1);
+  const PackLocation b = Add(*w, 1000, 2);
+  const PackLocation far = Add(*w, 20000, 3);
+  ASSERT_TRUE(w->Sync().ok());
+  const uint64_t before = w->punch_seq();
+  EXPECT_FALSE(w->PunchedSince(before, a.pack_id, 0, 1u << 20)) << "nothing punched yet";
+  ASSERT_TRUE(w->PunchDead(a.pack_id, {{a.offset, a.offset + a.length}}).ok());
+  EXPECT_TRUE(w->PunchedSince(before, a.pack_id, a.offset, a.offset + a.length));
+  EXPECT_TRUE(w->PunchedSince(before, b.pack_id, b.offset, b.offset + b.length))
+      << "b shares a block with a";
+  EXPECT_FALSE(w->PunchedSince(before, far.pack_id, far.offset + 8192, far.offset + 12288));
+  EXPECT_FALSE(w->PunchedSince(before, a.pack_id + 1, a.offset, a.offset + a.length));
+  EXPECT_FALSE(w->PunchedSince(w->punch_seq(), a.pack_id, a.offset, a.offset + a.length))
+      << "nothing since the punch";
+}
+
 INSTANTIATE_TEST_SUITE_P(IoUringAndPwrite, PackWriterTest,
                          ::testing::Combine(::testing::Bool(), ::testing::Bool()),
                          [](const auto& info) {

@@ -96,7 +96,7 @@ enum class PackLane : uint8_t {
                    // records written by anyone but the writer and the re-encoder
   kLasting = 1,    // records nothing replaces: non-tensor bytes, first versions' pieces, deltas
   kTransient = 2,  // records the re-encoder replaces as soon as it reaches their version: raw
-                   // pieces it compresses, forward deltas it makes whole
+                   // pieces it compresses
 };
 inline constexpr size_t kPackLanes = 3;
 

@@ -52,13 +52,6 @@
 namespace ckptfs {
 namespace {
 
-// A piece the re-encoder made whole: it may become a delta against the next version's piece.
-std::string PromotedKey(const ChunkId& id) {
-  std::string key = "P";
-  key.append(reinterpret_cast<const char*>(id.bytes.data()), id.bytes.size());
-  return key;
-}
-
 // A content waiting for the re-encoder: written in the transaction that commits it, deleted
 // once it was re-encoded, so that a crash or kill loses no re-encoding (Open queues them).
 std::string QueuedKey(ContentId id) {
@@ -86,6 +79,16 @@ ChunkId IdFromBytes(std::string_view bytes) {
   std::memcpy(id.bytes.data(), bytes.data(), id.bytes.size());
   return id;
 }
+
+}  // namespace
+
+std::string Store::PromotedKey(const ChunkId& id) {
+  std::string key = "P";
+  key.append(reinterpret_cast<const char*>(id.bytes.data()), id.bytes.size());
+  return key;
+}
+
+namespace {
 
 struct Candidate {
   ChunkId x, b;
@@ -178,16 +181,18 @@ void Store::WaitReencoded() {
 
 void Store::PunchUnpinnedReplaced() {
   std::vector<PackLocation> dead;
-  std::unique_lock gc(gc_mu_);
-  MutexLock lock(mu_);
-  for (auto it = punch_later_.begin(); it != punch_later_.end();) {
-    if (pinned_.count(it->first) != 0) {
-      ++it;
-      continue;
+  {
+    MutexLock lock(mu_);
+    for (auto it = punch_later_.begin(); it != punch_later_.end();) {
+      if (pinned_.count(it->first) != 0) {
+        ++it;
+        continue;
+      }
+      dead.push_back(it->second);
+      it = punch_later_.erase(it);
     }
-    dead.push_back(it->second);
-    it = punch_later_.erase(it);
   }
+  // Unpinned, a replaced record stays dead: a new pin reads the row, which names its successor.
   PunchRecords(std::move(dead));
 }
 
@@ -209,6 +214,11 @@ void Store::RunReencoder() {
       reencode_busy_ = true;
     }
     Status s = ReverseDeltas(id);
+    {
+      // What a failed batch appended and never committed is dead: gc may take it now.
+      MutexLock lock(mu_);
+      reencode_appended_.clear();
+    }
     if (!s.ok() && !s.IsNotFound()) {
       spdlog::warn("re-encoding content {}: {} (its pieces stay as they were written)", id,
                    s.ToString());
@@ -382,6 +392,11 @@ Status Store::ReverseDeltas(ContentId id) {
     }
     {
       std::shared_lock gc(gc_mu_);
+      // Until the commit names them, gc keeps them (reencode_appended_).
+      auto keep_from_gc = [this](const ChunkRow& row) {
+        MutexLock lock(mu_);
+        reencode_appended_.push_back(PackLocation{row.pack_id, row.offset, row.length});
+      };
       for (size_t k = 0; k < swaps.size(); ++k) {
         if (!encoded[k].first) continue;
         Encoded& w = *encoded[k].first;
@@ -391,6 +406,7 @@ Status Store::ReverseDeltas(ContentId id) {
         CKPTFS_ASSIGN_OR_RETURN(PackLocation loc,
                                 packs_->Append(w.header, std::move(w.payload), std::nullopt, lane));
         swaps[k].x_whole = RowOf(w.header, loc);
+        keep_from_gc(*swaps[k].x_whole);
       }
       for (size_t k = 0; k < swaps.size(); ++k) {
         if (!encoded[k].second) continue;
@@ -399,6 +415,7 @@ Status Store::ReverseDeltas(ContentId id) {
                                                                  swaps[k].c.x, PackLane::kLasting));
         swaps[k].b_delta = RowOf(d.header, loc);
         swaps[k].b_delta->base = swaps[k].c.x;
+        keep_from_gc(*swaps[k].b_delta);
       }
     }
     return swaps;
@@ -413,6 +430,18 @@ Status Store::ReverseDeltas(ContentId id) {
     {
       std::unique_lock gc(gc_mu_);
       MutexLock lock(mu_);
+      // From here to the commit gc cannot run (gc_mu_): after it, the rows name the new records
+      // or they are dead; a commit that fails leaves them dead.
+      for (const Swap& s : swaps) {
+        for (const std::optional<ChunkRow>& row : {s.x_whole, s.b_delta}) {
+          if (!row) continue;
+          auto it = std::find_if(reencode_appended_.begin(), reencode_appended_.end(),
+                                 [&](const PackLocation& l) {
+                                   return l.pack_id == row->pack_id && l.offset == row->offset;
+                                 });
+          if (it != reencode_appended_.end()) reencode_appended_.erase(it);
+        }
+      }
       CKPTFS_ASSIGN_OR_RETURN(auto txn, catalog_->BeginWrite());
       const uint64_t txn_id = txn.id();
       if (txn_id != maps_valid_for) {
@@ -566,11 +595,11 @@ Status Store::ReverseDeltas(ContentId id) {
       spdlog::debug("reverse deltas, content {}: {} of {} pieces stored whole, {} bases re-encoded",
                     id, applied, swaps.size(), swapped);
       pieces_reencoded_ += applied;
-      // 4. The replaced and unused records are dead: give their blocks back, adjacent ones
-      // as one range (whole blocks only).
-      dead.insert(dead.end(), unused.begin(), unused.end());
-      PunchRecords(std::move(dead));
     }
+    // 4. The replaced and unused records are dead: give their blocks back, adjacent ones as one
+    // range (outside the locks: no row or pin points at them, and none will).
+    dead.insert(dead.end(), unused.begin(), unused.end());
+    PunchRecords(std::move(dead));
     return Status::OK();
   };
   // The batches overlap: one batch's records reach the disk while the next batch encodes,

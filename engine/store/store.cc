@@ -314,12 +314,14 @@ Result<ChunkRow> Store::PutChunk(const ChunkId& id, Buffer raw, const PieceHint&
     piece = EncodePiece(*options_.codec, raw.bytes(), hint.width, base.get());
   }
   const bool delta = IsDelta(piece.encoding.transform);
-  // Which lane (record.h): when the re-encoder replaces the record, if ever.
+  // Which lane (record.h): when the re-encoder replaces the record, if ever. A delta is
+  // written only against a base that is a delta already (WritesWhole), which the re-encoder
+  // leaves as it is: it lasts.
   PackLane lane = PackLane::kLasting;
   if (reencoder_.joinable()) {
-    if (raw_behind || delta) {
-      lane = PackLane::kTransient;  // compressed, or made whole, once the re-encoder gets here
-    } else if (hint.base) {
+    if (raw_behind) {
+      lane = PackLane::kTransient;  // compressed once the re-encoder gets here
+    } else if (hint.base && !delta) {
       lane = PackLane::kMain;  // whole: the next version makes it a delta
     }
   }

@@ -288,6 +288,12 @@ class Store {
   bool using_io_uring() const { return packs_->using_io_uring(); }
   // The packs being appended to, one per lane in use (pack_writer.h).
   std::vector<PackExtent> ActivePacks() const { return packs_->active_extents(); }
+  // Punches of dead records (PackWriter::punch_seq, PunchedSince): for a copier of pack bytes
+  // (the bucket mirror) to learn whether what it read may have been punched meanwhile.
+  uint64_t PunchSeq() const { return packs_->punch_seq(); }
+  bool PunchedSince(uint64_t seq, uint32_t pack_id, uint64_t from, uint64_t to) const {
+    return packs_->PunchedSince(seq, pack_id, from, to);
+  }
   // The most raw bytes queued in the write pipeline at once since Open.
   size_t inflight_peak_bytes() const { return inflight_.peak(); }
   // Bytes (and records) read from pack files since Open: what readers cost the disk.
@@ -388,8 +394,11 @@ class Store {
   // for a snapshot taken under gc_mu_ exclusive (gc.cc).
   void PunchDeadRanges(uint32_t pack_id, uint64_t committed,
                        std::vector<std::pair<uint64_t, uint64_t>> in_use, GcReport* report);
-  // Deletes `dead` chunk rows and, in turn, the delta bases they held the last reference to.
-  // REQUIRES: gc_mu_ exclusive.
+  // The content-meta key that marks chunk `id` as promoted: made whole by the re-encoder, it
+  // may become a delta against the next version's piece (reencode.cc). Dropped with the chunk.
+  static std::string PromotedKey(const ChunkId& id);
+  // Deletes `dead` chunk rows (and their promoted marks) and, in turn, the delta bases they
+  // held the last reference to. REQUIRES: gc_mu_ exclusive.
   Status DropChunksInTxn(Catalog::WriteTxn& txn, std::vector<ChunkId> dead, GcReport* report)
       REQUIRES(mu_);
   Status RematerializeOrphanedDeltas(GcReport* report);
@@ -450,6 +459,10 @@ class Store {
   std::atomic<uint64_t> reencode_scans_{0};
   // Replaced records a writer still held pinned: punched by a later batch (reencode.cc).
   std::vector<std::pair<ChunkId, PackLocation>> punch_later_ GUARDED_BY(mu_);
+  // Records the re-encoder appended that its commit has not named yet (nor given up): gc keeps
+  // them as it keeps pinned ones (their packs are not rewritten, their bytes not punched).
+  // Added under gc_mu_ shared with the appends, removed under gc_mu_ exclusive at the commit.
+  std::vector<PackLocation> reencode_appended_ GUARDED_BY(mu_);
   std::thread reencoder_;  // started by Open when options_.reverse_deltas
 };
 

@@ -392,6 +392,26 @@ TEST_F(DeltaTest, ReverseDeltasReadTheNewestVersionInOneRecordPerPiece) {
   EXPECT_TRUE(VerifyClean(*store));
 }
 
+// gc forgets a dropped chunk's mark as promoted (made whole by the re-encoder): the same bytes
+// stored again later as a first version are an anchor, which stays whole, not a piece to
+// re-encode against the next version.
+TEST_F(DeltaTest, AChunkStoredAgainAfterGcAsAFirstVersionStaysWhole) {
+  auto store = OpenStore(dir_.path(), DeltaOptions(8, /*reverse=*/true));
+  ASSERT_TRUE(store);
+  {
+    ASSERT_OK_AND_ASSIGN(std::vector<ContentId> ids, StoreChain(*store, {files_[0], files_[1]}));
+    store->WaitReencoded();  // version 1's pieces are promoted now
+    for (ContentId id : ids) ASSERT_OK(store->Release(id));
+    ASSERT_OK(store->Gc(GcOptions{}).status());
+  }
+  ASSERT_OK_AND_ASSIGN(std::vector<ContentId> again, StoreChain(*store, {files_[1], files_[2]}));
+  store->WaitReencoded();
+  EXPECT_EQ(NewestDepth(*store, again[0]), 1u) << "a first version is an anchor";
+  EXPECT_EQ(NewestDepth(*store, again[1]), 1u);
+  for (int v = 0; v < 2; ++v) EXPECT_TRUE(ContentEquals(*store, again[v], files_[v + 1])) << v;
+  EXPECT_TRUE(VerifyClean(*store));
+}
+
 TEST_F(DeltaTest, WithReverseDeltasTheWriterStoresWholeAndTheReencoderOnlyTheBase) {
   // A forward delta against a whole base would only be decoded and replaced by the
   // re-encoder: the writer stores the piece whole, and the re-encoder makes the base (the
@@ -419,6 +439,36 @@ TEST_F(DeltaTest, WithReverseDeltasTheWriterStoresWholeAndTheReencoderOnlyTheBas
   auto reopened = OpenStore(dir_.path(), DeltaOptions(8, /*reverse=*/true));
   ASSERT_TRUE(reopened);
   for (int v = 0; v < 3; ++v) EXPECT_TRUE(ContentEquals(*reopened, ids[v], files_[v])) << v;
+}
+
+// gc between the re-encoder's appends and its commit: the new records are in no row yet and
+// in no writer's pin, and a commit by another writer has raised their pack's committed length
+// past them. gc must neither punch them nor rewrite (and delete) their pack, or the commit
+// would point rows at nothing.
+TEST_F(DeltaTest, GcWhileTheReencoderCommitsLeavesItsNewRecordsAlone) {
+  StoreOptions options = DeltaOptions(8, /*reverse=*/true);
+  options.compress_behind = false;
+  options.reencode_batch_bytes = 1u << 30;  // one batch, one hook call per version
+  ReencoderGate gate(/*hold_at=*/2);        // version 1 against the anchor: let it through
+  gate.Install(&options);
+  auto store = OpenStore(dir_.path(), options);
+  ASSERT_TRUE(store);
+  ASSERT_OK_AND_ASSIGN(std::vector<ContentId> ids,
+                       StoreChain(*store, {files_[0], files_[1], files_[2]}));
+  ASSERT_TRUE(gate.WaitHeld());  // version 1's deltas against version 2 appended, not committed
+  // Bytes no delta replaces, committed into the same pack as those deltas, after them.
+  const std::vector<std::byte> other = PatternBytes(7, 0, 3u << 20);
+  ASSERT_OK_AND_ASSIGN(ContentId other_id, WriteContent(*store, other));
+  ASSERT_OK(store->Gc(GcOptions{.rewrite_below = 0.99}).status());
+  gate.Release();
+  store->WaitReencoded();
+  EXPECT_GT(NewestDepth(*store, ids[1]), 1u) << "version 1 became a delta";
+  for (int v = 0; v < 3; ++v) EXPECT_TRUE(ContentEquals(*store, ids[v], files_[v])) << v;
+  EXPECT_TRUE(ContentEquals(*store, other_id, other));
+  EXPECT_TRUE(VerifyClean(*store));
+  ASSERT_OK(store->Gc(GcOptions{.rewrite_below = 0.99}).status());  // and after a later gc
+  for (int v = 0; v < 3; ++v) EXPECT_TRUE(ContentEquals(*store, ids[v], files_[v])) << v;
+  EXPECT_TRUE(VerifyClean(*store));
 }
 
 TEST_F(DeltaTest, TheReencoderReadsNoRecordItHasNoUseForOrFindsInTheCache) {
