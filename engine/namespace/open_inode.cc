@@ -269,6 +269,7 @@ Status OpenInode::error() {
 }
 
 Result<bool> OpenInode::HasUncommittedChanges() {
+  MutexLock commit(commit_mu_);
   MutexLock lock(mu_);
   CKPTFS_RETURN_IF_ERROR(RefreshFromBackingLocked());
   return dirty_;
@@ -303,6 +304,7 @@ Status OpenInode::ToStagingLocked() {
 }
 
 Status OpenInode::Commit() {
+  MutexLock commit(commit_mu_);
   bool changed = false;
   Status s = CommitOnce(&changed);
   if (changed && on_content_changed) on_content_changed(ino);

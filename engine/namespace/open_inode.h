@@ -112,7 +112,9 @@ class OpenInode : public IngestTarget, public std::enable_shared_from_this<OpenI
   // The error a write (or commit) hit, if any; does not wait for anything.
   Status error();
   // Whether the file holds bytes or times that no finished commit took in (a commit under way
-  // is waited for; a passthrough file's staging file is looked at).
+  // is waited for, its on_content_changed call included: a view opened after this returns
+  // false finds the kernel's cache of it dropped; a passthrough file's staging file is looked
+  // at).
   Result<bool> HasUncommittedChanges();
   // Makes the bytes written so far durable and points the inode at them (one catalog
   // transaction that also releases the content it held). No-op when clean. A missing inode
@@ -212,6 +214,9 @@ class OpenInode : public IngestTarget, public std::enable_shared_from_this<OpenI
   const std::filesystem::path staging_dir_;
   const WriterFactory new_writer_;
 
+  // Held by Commit() over the commit and its on_content_changed call, and by
+  // HasUncommittedChanges(): who sees the commit done sees its views invalidated. Before mu_.
+  Mutex commit_mu_ ACQUIRED_BEFORE(mu_);
   Mutex mu_;
   ContentId base_ GUARDED_BY(mu_);           // committed content the bytes start from
   ContentId committed_ GUARDED_BY(mu_);      // the inode's content in the catalog

@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <iterator>
 #include <random>
 #include <thread>
@@ -470,6 +471,37 @@ TEST_P(OpenInodeTest, APassthroughReleaseAfterACommitIsAChange) {
   ASSERT_TRUE(f->Commit().ok());
   EXPECT_FALSE(f->changed_since_commit());
   EXPECT_EQ(ReadContent(Committed(2).content, Committed(2).size), "global_step2");
+}
+
+// A view opened right after a save asks the file whether a commit is left to do
+// (FileSystem::CommitIfClosed). While the release's commit runs its on_content_changed call
+// (which drops the kernel's cache of the views), the answer waits: answered "clean" before it,
+// the view opened on the old cached pages, which the invalidation then dropped too late.
+TEST_P(OpenInodeTest, ACommitIsDoneForOthersOnlyOnceItsViewsAreTold) {
+  auto f = Open(MakeInode(2));
+  ASSERT_TRUE(f->Write(0, AsBytes("DD"), false).ok());
+  std::promise<void> entered;
+  std::promise<void> gate;
+  std::shared_future<void> open_gate = gate.get_future().share();
+  f->on_content_changed = [&](Ino) {
+    entered.set_value();
+    open_gate.wait();
+  };
+  std::thread committer([&] { EXPECT_TRUE(f->Commit().ok()); });
+  entered.get_future().wait();
+  std::atomic<bool> answered{false};
+  Result<bool> uncommitted = true;
+  std::thread viewer([&] {
+    uncommitted = f->HasUncommittedChanges();
+    answered = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_FALSE(answered.load()) << "answered while the views were not told yet";
+  gate.set_value();
+  committer.join();
+  viewer.join();
+  ASSERT_TRUE(uncommitted.ok());
+  EXPECT_FALSE(*uncommitted);
 }
 
 }  // namespace
