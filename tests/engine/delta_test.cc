@@ -340,6 +340,16 @@ class ReencoderGate {
   bool released_ = false;
 };
 
+// Reverse deltas; the writer encodes every piece whole (no compress-behind), and the
+// re-encoder takes one batch per version, calling `gate`'s hook before each commit.
+StoreOptions WriterEncodesOneBatchPerVersion(ReencoderGate* gate) {
+  StoreOptions options = DeltaOptions(8, /*reverse=*/true);
+  options.compress_behind = false;
+  options.reencode_batch_bytes = 1u << 30;
+  gate->Install(&options);
+  return options;
+}
+
 TEST_F(DeltaTest, ReverseDeltasReadTheNewestVersionInOneRecordPerPiece) {
   StoreOptions forward_options = DeltaOptions(8);
   uint64_t forward_bytes = 0;
@@ -416,12 +426,8 @@ TEST_F(DeltaTest, WithReverseDeltasTheWriterStoresWholeAndTheReencoderOnlyTheBas
   // A forward delta against a whole base would only be decoded and replaced by the
   // re-encoder: the writer stores the piece whole, and the re-encoder makes the base (the
   // version before) a delta against it. Seen between the writer's commit and the re-encoder's.
-  StoreOptions options = DeltaOptions(8, /*reverse=*/true);
-  options.compress_behind = false;          // whole pieces encoded by the writer (the next test)
-  options.reencode_batch_bytes = 1u << 30;  // one batch, one hook call per version
-  ReencoderGate gate(/*hold_at=*/2);        // version 1 against the anchor: let it through
-  gate.Install(&options);
-  auto store = OpenStore(dir_.path(), options);
+  ReencoderGate gate(/*hold_at=*/2);  // version 1 against the anchor: let it through
+  auto store = OpenStore(dir_.path(), WriterEncodesOneBatchPerVersion(&gate));
   ASSERT_TRUE(store);
   ASSERT_OK_AND_ASSIGN(std::vector<ContentId> ids,
                        StoreChain(*store, {files_[0], files_[1], files_[2]}));
@@ -446,12 +452,8 @@ TEST_F(DeltaTest, WithReverseDeltasTheWriterStoresWholeAndTheReencoderOnlyTheBas
 // past them. gc must neither punch them nor rewrite (and delete) their pack, or the commit
 // would point rows at nothing.
 TEST_F(DeltaTest, GcWhileTheReencoderCommitsLeavesItsNewRecordsAlone) {
-  StoreOptions options = DeltaOptions(8, /*reverse=*/true);
-  options.compress_behind = false;
-  options.reencode_batch_bytes = 1u << 30;  // one batch, one hook call per version
-  ReencoderGate gate(/*hold_at=*/2);        // version 1 against the anchor: let it through
-  gate.Install(&options);
-  auto store = OpenStore(dir_.path(), options);
+  ReencoderGate gate(/*hold_at=*/2);  // version 1 against the anchor: let it through
+  auto store = OpenStore(dir_.path(), WriterEncodesOneBatchPerVersion(&gate));
   ASSERT_TRUE(store);
   ASSERT_OK_AND_ASSIGN(std::vector<ContentId> ids,
                        StoreChain(*store, {files_[0], files_[1], files_[2]}));
