@@ -43,6 +43,33 @@ constexpr uint8_t kRotatedSegment = 0x41;
 constexpr uint8_t kModelSegment = 0x42;
 constexpr size_t kModelHeaderBytes = 8;  // period, phase
 
+// A segment kind that is not a codec either: the high planes of a sub container of width 2 or 4
+// (after the scale segment, if any) split by the magnitude of the base (docs/engine.md,
+// "Compression"). A step's change of a weight is about as large wherever the weight lies, so the
+// difference of the bit patterns is large where the weight is small (a small exponent: a fine
+// unit in the last place) and small where it is large; coded apart, each bucket's bytes have
+// less entropy than the plane's. Body: K (a byte, 2..kMaxSplitBuckets), the planes split (bit s:
+// plane s), then K - 1 increasing thresholds (bytes, >= 1). An element's bucket is the number of
+// thresholds at or below its base's magnitude byte (the 8 bits below the sign: the exponent of
+// fp32 and bf16). A split plane is stored as K segments, bucket 0's bytes first, each bucket's
+// in element order. Older containers never have it.
+constexpr uint8_t kSplitSegment = 0x43;
+constexpr size_t kSplitHeaderBytes = 2;  // K, planes
+constexpr size_t kMaxSplitBuckets = 8;
+
+// The split of a sub container's planes (buckets 0: none), with each element's bucket (per
+// thread storage) and each bucket's element count.
+struct PlaneSplit {
+  uint8_t buckets = 0;
+  uint8_t planes = 0;
+  std::array<uint8_t, kMaxSplitBuckets - 1> thresholds{};
+  const uint8_t* bucket_of = nullptr;
+  std::array<size_t, kMaxSplitBuckets> counts{};
+  size_t SegmentBytes() const {
+    return buckets == 0 ? 0 : kSegmentHeaderBytes + kSplitHeaderBytes + buckets - 1;
+  }
+};
+
 // The top plane's row/column model (period 0: none); terms: the P column terms, then the rows'.
 struct TopModel {
   uint32_t period = 0;
@@ -61,6 +88,8 @@ struct PlaneOptions {
   bool rotated = false;
   bool try_model = false;
   TopModel model;
+  bool try_split = false;  // sub of width 2 or 4: split the high planes where that pays
+  PlaneSplit split;
   size_t PrefixBytes() const {
     return (scale != 0 ? kScaleSegmentBytes
             : rotated  ? kSegmentHeaderBytes
@@ -721,6 +750,299 @@ void ApplyTopModel(uint8_t* top, size_t n, size_t period, size_t phase, const ui
   });
 }
 
+// The 8 bits below the sign of base element i (width 2 or 4): the exponent of fp32 and bf16.
+inline uint8_t MagnitudeByte(const std::byte* base, uint8_t width, size_t i) {
+  if (width == 4) {
+    uint32_t v;
+    std::memcpy(&v, base + 4 * i, 4);
+    return static_cast<uint8_t>(v >> 23);
+  }
+  uint16_t v;
+  std::memcpy(&v, base + 2 * i, 2);
+  return static_cast<uint8_t>(v >> 7);
+}
+
+// out[i] = the bucket of element i: how many thresholds its magnitude byte reaches (unused
+// thresholds are 256). Compares and adds, which the compiler vectorises.
+template <typename U>
+inline void BucketsTyped(const std::byte* __restrict base, size_t elements,
+                         const std::array<uint32_t, kMaxSplitBuckets - 1>& thresholds,
+                         uint8_t* __restrict out) {
+  constexpr unsigned kShift = 8 * sizeof(U) - 9;
+  for (size_t i = 0; i < elements; ++i) {
+    U v;
+    std::memcpy(&v, base + sizeof(U) * i, sizeof(U));
+    const uint32_t m = static_cast<uint32_t>(v >> kShift) & 0xff;
+    uint32_t b = 0;
+    for (size_t j = 0; j < kMaxSplitBuckets - 1; ++j) b += m >= thresholds[j];
+    out[i] = static_cast<uint8_t>(b);
+  }
+}
+// The number of bytes of `bucket_of` equal to each bucket. Counted 8 bits per bucket in one
+// 64-bit word per block of 255 elements at the baseline; with a vector compare and a popcount
+// per 64 (AVX-512) or 32 (AVX2) bytes and bucket at the other levels.
+inline void CountBucketsScalar(const uint8_t* bucket_of, size_t elements,
+                               std::array<size_t, kMaxSplitBuckets>* counts) {
+  counts->fill(0);
+  for (size_t from = 0; from < elements; from += 255) {
+    const size_t to = std::min(elements, from + 255);
+    uint64_t packed = 0;
+    for (size_t i = from; i < to; ++i) packed += uint64_t{1} << (8 * bucket_of[i]);
+    for (size_t b = 0; b < kMaxSplitBuckets; ++b) (*counts)[b] += (packed >> (8 * b)) & 0xff;
+  }
+}
+#if defined(__x86_64__)
+// A vector of elements a round: the magnitude bytes in its lanes (shifted and masked), the
+// bucket as the count of thresholds reached (a compare and a masked add each), narrowed into
+// `out`; then the counts by a compare and a popcount per 64 buckets and bucket (a second pass:
+// a vector load of bytes just stored narrowed would wait for the stores). The shifts are the
+// zero-masked forms: GCC 12 warns that the plain ones' undefined source may be uninitialised.
+CKPTFS_TARGET_AVX512 void BucketsAvx512(uint8_t width, const std::byte* base, size_t elements,
+                                        const std::array<uint32_t, kMaxSplitBuckets - 1>& t,
+                                        uint8_t* out, std::array<size_t, kMaxSplitBuckets>* c) {
+  size_t used = 0;
+  while (used < t.size() && t[used] < 256) ++used;
+  size_t i = 0;
+  if (width == 4) {
+    const __m512i low = _mm512_set1_epi32(0xff), one = _mm512_set1_epi32(1);
+    for (; i + 16 <= elements; i += 16) {
+      const __m512i v = _mm512_loadu_si512(base + 4 * i);
+      const __m512i m = _mm512_and_si512(_mm512_maskz_srli_epi32(0xffff, v, 23), low);
+      __m512i ids = _mm512_setzero_si512();
+      for (size_t j = 0; j < used; ++j) {
+        const __mmask16 reached = _mm512_cmpge_epu32_mask(m, _mm512_set1_epi32(t[j]));
+        ids = _mm512_mask_add_epi32(ids, reached, ids, one);
+      }
+      _mm512_mask_cvtepi32_storeu_epi8(out + i, 0xffff, ids);
+    }
+    BucketsTyped<uint32_t>(base + 4 * i, elements - i, t, out + i);
+  } else {
+    const __m512i low = _mm512_set1_epi16(0xff), one = _mm512_set1_epi16(1);
+    for (; i + 32 <= elements; i += 32) {
+      const __m512i v = _mm512_loadu_si512(base + 2 * i);
+      const __m512i m = _mm512_and_si512(_mm512_maskz_srli_epi16(~__mmask32{0}, v, 7), low);
+      __m512i ids = _mm512_setzero_si512();
+      for (size_t j = 0; j < used; ++j) {
+        const __mmask32 reached =
+            _mm512_cmpge_epu16_mask(m, _mm512_set1_epi16(static_cast<int16_t>(t[j])));
+        ids = _mm512_mask_add_epi16(ids, reached, ids, one);
+      }
+      _mm512_mask_cvtepi16_storeu_epi8(out + i, ~__mmask32{0}, ids);
+    }
+    BucketsTyped<uint16_t>(base + 2 * i, elements - i, t, out + i);
+  }
+  std::array<size_t, kMaxSplitBuckets> counts{};
+  for (i = 0; i + 64 <= elements; i += 64) {
+    const __m512i ids = _mm512_loadu_si512(out + i);
+    for (size_t b = 0; b <= used; ++b) {
+      counts[b] += static_cast<size_t>(
+          _mm_popcnt_u64(_mm512_cmpeq_epi8_mask(ids, _mm512_set1_epi8(static_cast<char>(b)))));
+    }
+  }
+  for (; i < elements; ++i) ++counts[out[i]];
+  *c = counts;
+}
+CKPTFS_TARGET_AVX2 void BucketsAvx2(uint8_t width, const std::byte* base, size_t elements,
+                                    const std::array<uint32_t, kMaxSplitBuckets - 1>& t,
+                                    uint8_t* out, std::array<size_t, kMaxSplitBuckets>* c) {
+  if (width == 4) {
+    BucketsTyped<uint32_t>(base, elements, t, out);
+  } else {
+    BucketsTyped<uint16_t>(base, elements, t, out);
+  }
+  std::array<size_t, kMaxSplitBuckets> counts{};
+  size_t i = 0;
+  for (; i + 32 <= elements; i += 32) {
+    const __m256i ids = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(out + i));
+    for (size_t b = 0; b < kMaxSplitBuckets; ++b) {
+      const __m256i eq = _mm256_cmpeq_epi8(ids, _mm256_set1_epi8(static_cast<char>(b)));
+      counts[b] +=
+          static_cast<size_t>(__builtin_popcount(static_cast<uint32_t>(_mm256_movemask_epi8(eq))));
+    }
+  }
+  for (; i < elements; ++i) ++counts[out[i]];
+  *c = counts;
+}
+#endif
+
+// Each element's bucket under `split` (its thresholds and bucket count set) from the base's
+// magnitude bytes, into `bucket_of` (elements bytes); the counts into split->counts.
+void BucketElements(uint8_t width, const std::byte* base, size_t elements, PlaneSplit* split,
+                    uint8_t* bucket_of) {
+  std::array<uint32_t, kMaxSplitBuckets - 1> t;
+  t.fill(256);
+  for (size_t b = 0; b + 1 < split->buckets; ++b) t[b] = split->thresholds[b];
+  split->bucket_of = bucket_of;
+#if defined(__x86_64__)
+  const CodecVectorLevel level = CodecVectorLevelInUse();
+  if (level == CodecVectorLevel::kAvx512) {
+    return BucketsAvx512(width, base, elements, t, bucket_of, &split->counts);
+  }
+  if (level == CodecVectorLevel::kAvx2) {
+    return BucketsAvx2(width, base, elements, t, bucket_of, &split->counts);
+  }
+#endif
+  if (width == 4) {
+    BucketsTyped<uint32_t>(base, elements, t, bucket_of);
+  } else {
+    BucketsTyped<uint16_t>(base, elements, t, bucket_of);
+  }
+  CountBucketsScalar(bucket_of, elements, &split->counts);
+}
+
+// Moves the bytes of `plane` to `out` (elements + 64 bytes: the vector loop stores whole
+// vectors) bucket by bucket (bucket 0's first), each bucket's in element order; ScatterBuckets
+// is the inverse. With AVX-512 VBMI2: a byte compression per bucket and 64 elements, a byte
+// expansion per bucket and 64 elements back. (The scalar loops wait on the bucket's cursor,
+// stored and loaded again per element: with them the fp32 weights' deltas of the trajectory
+// decoded at 1.2 GB/s per core, with these at 1.9.)
+#if defined(__x86_64__)
+__attribute__((target("avx512f,avx512bw,avx512vbmi2,bmi2,popcnt"))) void GatherBucketsVbmi2(
+    const PlaneSplit& split, const uint8_t* __restrict plane, size_t elements,
+    uint8_t* __restrict out) {
+  const uint8_t* bucket_of = split.bucket_of;
+  // Bucket by bucket: the whole vector stored past one bucket's end is overwritten by the next.
+  for (size_t b = 0; b < split.buckets; ++b) {
+    const __m512i id = _mm512_set1_epi8(static_cast<char>(b));
+    size_t i = 0;
+    for (; i + 64 <= elements; i += 64) {
+      const __mmask64 m = _mm512_cmpeq_epi8_mask(_mm512_loadu_si512(bucket_of + i), id);
+      _mm512_storeu_si512(out, _mm512_maskz_compress_epi8(m, _mm512_loadu_si512(plane + i)));
+      out += _mm_popcnt_u64(m);
+    }
+    for (; i < elements; ++i) {
+      if (bucket_of[i] == b) *out++ = plane[i];
+    }
+  }
+}
+__attribute__((target("avx512f,avx512bw,avx512vbmi2,bmi2,popcnt"))) void ScatterBucketsVbmi2(
+    const PlaneSplit& split, std::array<const uint8_t*, kMaxSplitBuckets> at, size_t elements,
+    uint8_t* __restrict plane) {
+  const uint8_t* bucket_of = split.bucket_of;
+  size_t i = 0;
+  for (; i + 64 <= elements; i += 64) {
+    const __m512i ids = _mm512_loadu_si512(bucket_of + i);
+    __m512i v = _mm512_setzero_si512();
+    for (size_t b = 0; b < split.buckets; ++b) {
+      const __mmask64 m = _mm512_cmpeq_epi8_mask(ids, _mm512_set1_epi8(static_cast<char>(b)));
+      v = _mm512_mask_expand_epi8(v, m, _mm512_loadu_si512(at[b]));
+      at[b] += _mm_popcnt_u64(m);
+    }
+    _mm512_storeu_si512(plane + i, v);
+  }
+  for (; i < elements; ++i) plane[i] = *at[bucket_of[i]]++;
+}
+#endif
+bool UseVbmi2() {
+#if defined(__x86_64__)
+  return CodecVectorLevelInUse() >= CodecVectorLevel::kAvx512 && CodecCpuHasAvx512Vbmi2();
+#else
+  return false;
+#endif
+}
+void GatherBuckets(const PlaneSplit& split, const uint8_t* __restrict plane, size_t elements,
+                   uint8_t* __restrict out) {
+#if defined(__x86_64__)
+  if (UseVbmi2()) return GatherBucketsVbmi2(split, plane, elements, out);
+#endif
+  std::array<uint8_t*, kMaxSplitBuckets> to{};
+  for (size_t b = 0, at = 0; b < split.buckets; at += split.counts[b], ++b) to[b] = out + at;
+  const uint8_t* __restrict bucket_of = split.bucket_of;
+  for (size_t i = 0; i < elements; ++i) *to[bucket_of[i]]++ = plane[i];
+}
+// `from`: each bucket's bytes, all in one buffer with 64 readable bytes after the last.
+void ScatterBuckets(const PlaneSplit& split,
+                    const std::array<const uint8_t*, kMaxSplitBuckets>& from, size_t elements,
+                    uint8_t* __restrict plane) {
+#if defined(__x86_64__)
+  if (UseVbmi2()) return ScatterBucketsVbmi2(split, from, elements, plane);
+#endif
+  std::array<const uint8_t*, kMaxSplitBuckets> at = from;
+  const uint8_t* __restrict bucket_of = split.bucket_of;
+  for (size_t i = 0; i < elements; ++i) plane[i] = *at[bucket_of[i]]++;
+}
+
+// Which high planes of a sub delta (`planes`: width planes of `elements` bytes, split from
+// `base`) to split by the base's magnitude, decided on a sample (kSplitRuns runs of
+// kSplitRun elements spread over the piece): the thresholds cut the sampled magnitude bytes'
+// histogram into kSplitBuckets parts of about as many elements; a plane is split where the
+// buckets' order-0 entropies, with a table's cost each (kSplitBucketCost), come below the
+// plane's by at least kSplitMinSavedBits per byte. The top two planes of fp32 (the lower ones
+// are noise) and both of bf16/fp16 are looked at. Measured in docs/engine.md, "Compression".
+constexpr size_t kSplitBuckets = 4;
+constexpr size_t kSplitMinElements = 16 << 10;
+constexpr size_t kSplitRuns = 16;
+constexpr size_t kSplitRun = 1024;
+constexpr double kSplitBucketCost = 200;  // bytes: a segment header and an entropy coder's table
+constexpr double kSplitMinSavedBits = 0.25;
+PlaneSplit PlanSplit(uint8_t width, const std::byte* base, const std::byte* planes,
+                     size_t elements) {
+  PlaneSplit split;
+  if (elements < kSplitMinElements || (width != 2 && width != 4)) return split;
+  const size_t gap = (elements - kSplitRun) / (kSplitRuns - 1);
+  const size_t sampled = kSplitRuns * kSplitRun;
+  std::array<uint32_t, 256> magnitudes{};
+  for (size_t r = 0; r < kSplitRuns; ++r) {
+    for (size_t i = r * gap; i < r * gap + kSplitRun; ++i) {
+      ++magnitudes[MagnitudeByte(base, width, i)];
+    }
+  }
+  // Thresholds where the running count passes each next share of the sample (a byte value
+  // that passes several gives one threshold).
+  size_t seen = 0, share = 1;
+  int found = 0;
+  for (int v = 0; v < 255 && found < static_cast<int>(kSplitBuckets) - 1; ++v) {
+    seen += magnitudes[v];
+    if (seen >= sampled) break;  // no byte above v
+    if (seen * kSplitBuckets >= share * sampled) {
+      split.thresholds[found++] = static_cast<uint8_t>(v + 1);
+      while (seen * kSplitBuckets >= share * sampled) ++share;
+    }
+  }
+  if (found == 0) return split;
+  split.buckets = static_cast<uint8_t>(found + 1);
+  std::array<uint8_t, 256> bucket_of_magnitude{};
+  for (int v = 0, b = 0; v < 256; ++v) {
+    while (b < found && split.thresholds[b] <= v) ++b;
+    bucket_of_magnitude[v] = static_cast<uint8_t>(b);
+  }
+  const int first_plane = width == 4 ? 2 : 0;
+  std::array<std::array<std::array<uint32_t, 256>, kMaxSplitBuckets>, 2> counts{};
+  std::array<uint32_t, kMaxSplitBuckets> in_bucket{};
+  for (size_t r = 0; r < kSplitRuns; ++r) {
+    for (size_t i = r * gap; i < r * gap + kSplitRun; ++i) {
+      const uint8_t b = bucket_of_magnitude[MagnitudeByte(base, width, i)];
+      ++in_bucket[b];
+      for (int s = 0; s < 2; ++s) {
+        ++counts[s][b][static_cast<uint8_t>(planes[(first_plane + s) * elements + i])];
+      }
+    }
+  }
+  for (int s = 0; s < 2; ++s) {
+    std::array<uint32_t, 256> whole{};
+    double split_bits = 0;
+    for (int b = 0; b < split.buckets; ++b) {
+      for (int v = 0; v < 256; ++v) whole[v] += counts[s][b][v];
+      if (in_bucket[b] == 0) continue;
+      split_bits += std::min(8.0, HistogramEntropyBits(counts[s][b].data())) * in_bucket[b];
+    }
+    const double whole_bits = std::min(8.0, HistogramEntropyBits(whole.data())) * sampled;
+    const double scale = static_cast<double>(elements) / sampled;  // sample to piece, in bytes
+    const double saved = (whole_bits - split_bits) / 8 * scale - kSplitBucketCost * split.buckets;
+    if (saved >= kSplitMinSavedBits / 8 * static_cast<double>(elements)) {
+      split.planes |= static_cast<uint8_t>(1u << (first_plane + s));
+    }
+  }
+  if (split.planes == 0) {
+    split.buckets = 0;
+    return split;
+  }
+  thread_local Buffer buckets;
+  buckets.Resize(elements);
+  BucketElements(width, base, elements, &split, reinterpret_cast<uint8_t*>(buckets.data()));
+  return split;
+}
+
 // With the entropy stage, a plane whose sampled entropy is above this many bits per byte is
 // stored raw without trying anything (mantissa bytes: ~7.9 bits), and one below
 // kTryCodecBelowBits is also given to the block codec, which beats Huffman's 1 bit per byte on
@@ -942,8 +1264,10 @@ void PackSegments(const CodecSpec& spec, uint8_t width, Bytes planes, bool delta
   const size_t elements = planes.size() / width;
   const float scale = options.scale;
   out->Clear();
+  const PlaneSplit& split = options.split;
   out->Reserve(planes.size() + (width + 1) * kSegmentHeaderBytes + kScaleSegmentBytes +
-               options.model.SegmentBytes());
+               options.model.SegmentBytes() + split.SegmentBytes() +
+               width * kMaxSplitBuckets * kSegmentHeaderBytes);
   if (options.rotated) {
     out->Resize(kSegmentHeaderBytes);
     out->data()[0] = static_cast<std::byte>(kRotatedSegment);
@@ -967,8 +1291,30 @@ void PackSegments(const CodecSpec& spec, uint8_t width, Bytes planes, bool delta
     std::memcpy(p + kSegmentHeaderBytes + kModelHeaderBytes, model.terms.data(),
                 model.terms.size());
   }
+  if (split.buckets != 0) {
+    const size_t at = out->size();
+    out->Resize(at + split.SegmentBytes());
+    std::byte* p = out->data() + at;
+    p[0] = static_cast<std::byte>(kSplitSegment);
+    PutLE<uint32_t>(p + 1, static_cast<uint32_t>(kSplitHeaderBytes + split.buckets - 1));
+    p[kSegmentHeaderBytes] = static_cast<std::byte>(split.buckets);
+    p[kSegmentHeaderBytes + 1] = static_cast<std::byte>(split.planes);
+    std::memcpy(p + kSegmentHeaderBytes + kSplitHeaderBytes, split.thresholds.data(),
+                split.buckets - 1);
+  }
   for (size_t s = 0; s < width; ++s) {
-    PutSegment(spec, planes.subspan(s * elements, elements), delta, out);
+    Bytes plane = planes.subspan(s * elements, elements);
+    if ((split.planes >> s & 1) == 0) {
+      PutSegment(spec, plane, delta, out);
+      continue;
+    }
+    thread_local Buffer gathered;
+    gathered.Resize(elements + 64);
+    GatherBuckets(split, reinterpret_cast<const uint8_t*>(plane.data()), elements,
+                  reinterpret_cast<uint8_t*>(gathered.data()));
+    for (size_t b = 0, at = 0; b < split.buckets; at += split.counts[b], ++b) {
+      PutSegment(spec, gathered.bytes().subspan(at, split.counts[b]), delta, out);
+    }
   }
   // The tail (< width bytes) as it is.
   CodecSpec raw;
@@ -977,46 +1323,70 @@ void PackSegments(const CodecSpec& spec, uint8_t width, Bytes planes, bool delta
   PutSegment(raw, planes.subspan(width * elements), delta, out);
 }
 
+// Reads the segment at `*pos` of `stored` (advancing `*pos`), of `segment.size()` bytes once
+// decoded: one stored raw is pointed at where it lies in `stored` (unless `copy`), the others are
+// decoded into `segment`; where the bytes are, into *at.
+Status UnpackSegment(Bytes stored, size_t* pos, MutableBytes segment, bool copy, Bytes* prefetch,
+                     const uint8_t** at) {
+  if (stored.size() - *pos < kSegmentHeaderBytes) {
+    return Status::Corruption("piece: plane header is truncated");
+  }
+  const uint8_t codec = static_cast<uint8_t>(stored[*pos]);
+  const uint32_t len = GetLE<uint32_t>(stored.data() + *pos + 1);
+  *pos += kSegmentHeaderBytes;
+  if (codec > static_cast<uint8_t>(Codec::kRans) || len > stored.size() - *pos) {
+    return Status::Corruption("piece: bad plane header");
+  }
+  Bytes body = stored.subspan(*pos, len);
+  *pos += len;
+  *at = reinterpret_cast<const uint8_t*>(segment.data());
+  if (static_cast<Codec>(codec) == Codec::kNone) {
+    if (body.size() != segment.size()) return Status::Corruption("piece: plane size mismatch");
+    if (copy) {
+      if (!body.empty()) std::memcpy(segment.data(), body.data(), body.size());
+    } else {
+      *at = reinterpret_cast<const uint8_t*>(body.data());
+    }
+  } else if (static_cast<Codec>(codec) == Codec::kHuffman) {
+    CKPTFS_RETURN_IF_ERROR(HuffmanDecode(body, segment, *prefetch));
+    *prefetch = {};
+  } else if (static_cast<Codec>(codec) == Codec::kRans) {
+    CKPTFS_RETURN_IF_ERROR(RansDecode(body, segment));
+  } else {
+    CKPTFS_RETURN_IF_ERROR(Decompress(static_cast<Codec>(codec), body, segment));
+  }
+  return Status::OK();
+}
+
 // Reads the segments of a planes container into `planes`: a plane stored raw is pointed at where
 // it lies in `stored`; the others are decoded into `scratch` (raw_len bytes: plane j at
 // j * elements, the tail after the planes), and so is plane `copy_plane` even where it is raw
-// (the top plane, when the row/column model adds its terms to it in place; -1: none).
+// (the top plane, when the row/column model adds its terms to it in place; -1: none). A plane
+// that `split` splits is read as its buckets' segments and put together into `scratch`.
 // `prefetch` (a delta's base, which the join reads next) is asked for from memory while the
 // first Huffman-coded plane decodes: the join waited for it (~75% of a bf16 delta's join).
 Status UnpackSegments(uint8_t width, Bytes stored, MutableBytes scratch, int copy_plane,
-                      Bytes prefetch, PlanePointers* planes) {
+                      const PlaneSplit& split, Bytes prefetch, PlanePointers* planes) {
   const size_t elements = scratch.size() / width;
   size_t pos = 0;
   for (size_t s = 0; s <= width; ++s) {
     MutableBytes segment =
         s < width ? scratch.subspan(s * elements, elements) : scratch.subspan(width * elements);
-    if (stored.size() - pos < kSegmentHeaderBytes) {
-      return Status::Corruption("piece: plane header is truncated");
-    }
-    const uint8_t codec = static_cast<uint8_t>(stored[pos]);
-    const uint32_t len = GetLE<uint32_t>(stored.data() + pos + 1);
-    pos += kSegmentHeaderBytes;
-    if (codec > static_cast<uint8_t>(Codec::kRans) || len > stored.size() - pos) {
-      return Status::Corruption("piece: bad plane header");
-    }
-    Bytes body = stored.subspan(pos, len);
-    pos += len;
-    (*planes)[s] = reinterpret_cast<const uint8_t*>(segment.data());
-    if (static_cast<Codec>(codec) == Codec::kNone) {
-      if (body.size() != segment.size()) return Status::Corruption("piece: plane size mismatch");
-      if (static_cast<int>(s) == copy_plane) {
-        if (!body.empty()) std::memcpy(segment.data(), body.data(), body.size());
-      } else {
-        (*planes)[s] = reinterpret_cast<const uint8_t*>(body.data());
+    if (s < width && (split.planes >> s & 1) != 0) {
+      thread_local Buffer buckets;  // with 64 bytes after them for ScatterBuckets
+      buckets.Resize(elements + 64);
+      std::array<const uint8_t*, kMaxSplitBuckets> from{};
+      for (size_t b = 0, at = 0; b < split.buckets; at += split.counts[b], ++b) {
+        CKPTFS_RETURN_IF_ERROR(UnpackSegment(stored, &pos,
+                                             buckets.mutable_bytes().subspan(at, split.counts[b]),
+                                             /*copy=*/true, &prefetch, &from[b]));
       }
-    } else if (static_cast<Codec>(codec) == Codec::kHuffman) {
-      CKPTFS_RETURN_IF_ERROR(HuffmanDecode(body, segment, prefetch));
-      prefetch = {};
-    } else if (static_cast<Codec>(codec) == Codec::kRans) {
-      CKPTFS_RETURN_IF_ERROR(RansDecode(body, segment));
-    } else {
-      CKPTFS_RETURN_IF_ERROR(Decompress(static_cast<Codec>(codec), body, segment));
+      ScatterBuckets(split, from, elements, reinterpret_cast<uint8_t*>(segment.data()));
+      (*planes)[s] = reinterpret_cast<const uint8_t*>(segment.data());
+      continue;
     }
+    CKPTFS_RETURN_IF_ERROR(UnpackSegment(stored, &pos, segment, static_cast<int>(s) == copy_plane,
+                                         &prefetch, &(*planes)[s]));
   }
   if (pos != stored.size()) return Status::Corruption("piece: trailing bytes after the planes");
   return Status::OK();
@@ -1040,6 +1410,9 @@ size_t EncodeWith(const CodecSpec& spec, Transform t, uint8_t width, Bytes raw,
     options.model =
         FitTopModel(reinterpret_cast<uint8_t*>(scratch->data()) + (width - 1) * elements, elements);
   }
+  if (options.try_split && t == Transform::kSub && base != nullptr) {
+    options.split = PlanSplit(width, base, scratch->data(), raw.size() / width);
+  }
   PackSegments(spec, width, scratch->bytes(), IsDelta(t), options, out);
   return out->size();
 }
@@ -1050,6 +1423,30 @@ size_t SizeWith(const CodecSpec& spec, Transform t, uint8_t width, Bytes raw, co
   scratch->Resize(raw.size());
   SplitWith(t, width, raw, base, options, scratch->data());
   return PackedSize(spec, width, scratch->bytes(), IsDelta(t)) + options.PrefixBytes();
+}
+
+// Parses the split segment at the start of `stored` (a sub container of `width`) into *split
+// (no buckets yet); returns its length.
+Result<size_t> ReadSplit(uint8_t width, Bytes stored, PlaneSplit* split) {
+  const auto bad = [] { return Status::Corruption("piece: bad split segment"); };
+  if ((width != 2 && width != 4) || stored.size() < kSegmentHeaderBytes + kSplitHeaderBytes) {
+    return bad();
+  }
+  const uint32_t len = GetLE<uint32_t>(stored.data() + 1);
+  const size_t buckets = static_cast<uint8_t>(stored[kSegmentHeaderBytes]);
+  const uint8_t planes = static_cast<uint8_t>(stored[kSegmentHeaderBytes + 1]);
+  if (buckets < 2 || buckets > kMaxSplitBuckets || len != kSplitHeaderBytes + buckets - 1 ||
+      len > stored.size() - kSegmentHeaderBytes || planes == 0 || (planes >> width) != 0) {
+    return bad();
+  }
+  split->buckets = static_cast<uint8_t>(buckets);
+  split->planes = planes;
+  for (size_t b = 0; b + 1 < buckets; ++b) {
+    const uint8_t t = static_cast<uint8_t>(stored[kSegmentHeaderBytes + kSplitHeaderBytes + b]);
+    if (t == 0 || (b > 0 && t <= split->thresholds[b - 1])) return bad();
+    split->thresholds[b] = t;
+  }
+  return kSegmentHeaderBytes + len;
 }
 
 size_t PlainSize(const CodecSpec& spec, Bytes raw, Buffer* out) {
@@ -1104,6 +1501,9 @@ EncodedPiece EncodePiece(const CodecSpec& spec, Bytes raw, uint8_t width, const 
       // And the top plane predicted by its row and column where the bytes show rows.
       options.try_model = true;
     }
+    // Deltas of fp32, bf16 and fp16: their high planes split by the base's magnitude where
+    // that pays.
+    options.try_split = can_delta && (width == 2 || width == 4);
     // fp32 deltas: the base scaled by a per-piece factor where that predicts better (Adam's
     // moments decay between versions), decided on the leading bytes of the piece.
     if (can_delta && width == 4) {
@@ -1184,6 +1584,17 @@ Status DecodePiece(const PieceEncoding& encoding, Bytes stored, Bytes base, Muta
     if (!std::isnormal(scale)) return Status::Corruption("piece: bad prediction factor");
     stored = stored.subspan(kScaleSegmentBytes);
   }
+  const size_t elements = out.size() / encoding.width;
+  PlaneSplit split;
+  if (encoding.transform == Transform::kSub && !stored.empty() &&
+      static_cast<uint8_t>(stored[0]) == kSplitSegment) {
+    CKPTFS_ASSIGN_OR_RETURN(size_t len, ReadSplit(encoding.width, stored, &split));
+    thread_local Buffer buckets;
+    buckets.Resize(elements);
+    BucketElements(encoding.width, base.data(), elements, &split,
+                   reinterpret_cast<uint8_t*>(buckets.data()));
+    stored = stored.subspan(len);
+  }
   bool rotated = false;
   if (encoding.transform == Transform::kPlanes && !stored.empty() &&
       static_cast<uint8_t>(stored[0]) == kRotatedSegment) {
@@ -1194,7 +1605,6 @@ Status DecodePiece(const PieceEncoding& encoding, Bytes stored, Bytes base, Muta
     rotated = true;
     stored = stored.subspan(kSegmentHeaderBytes);
   }
-  const size_t elements = out.size() / encoding.width;
   size_t period = 0, phase = 0;
   Bytes terms;
   if (encoding.transform == Transform::kPlanes && !stored.empty() &&
@@ -1218,7 +1628,8 @@ Status DecodePiece(const PieceEncoding& encoding, Bytes stored, Bytes base, Muta
   scratch.Resize(out.size());
   PlanePointers planes{};
   CKPTFS_RETURN_IF_ERROR(UnpackSegments(encoding.width, stored, scratch.mutable_bytes(),
-                                        period != 0 ? encoding.width - 1 : -1, base, &planes));
+                                        period != 0 ? encoding.width - 1 : -1, split, base,
+                                        &planes));
   if (period != 0) {
     ApplyTopModel(reinterpret_cast<uint8_t*>(scratch.data()) + (encoding.width - 1) * elements,
                   elements, period, phase, reinterpret_cast<const uint8_t*>(terms.data()));

@@ -405,6 +405,134 @@ TEST(PieceCodecTest, MalformedPredictionSegmentsAreCorruption) {
   }
 }
 
+// Weights (fp32: width 4, or bf16: width 2) N(0, 0.02) and the same after an optimizer step:
+// each moves by about `step` (times a factor in [0.5, 1.5), either sign) whatever its size, as
+// Adam's do; every 997th base element a special value (zero, subnormal, Inf, NaN). n elements
+// and a `tail` of stray bytes.
+std::pair<Buffer, Buffer> SteppedWeights(uint8_t width, size_t n, float step, size_t tail,
+                                         uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, 0.02f);
+  std::uniform_real_distribution<float> u(0.5f, 1.5f);
+  const uint32_t specials[] = {0x00000000, 0x80000000, 0x00000001, 0x7f800000, 0x7fc00000};
+  Buffer base(n * width + tail), raw(n * width + tail);
+  for (size_t i = 0; i < n; ++i) {
+    const float w = d(rng);
+    const float moved = w + (rng() & 1 ? step : -step) * u(rng);
+    uint32_t a, b;
+    std::memcpy(&a, &w, 4);
+    std::memcpy(&b, &moved, 4);
+    if (i % 997 == 0) a = specials[(i / 997) % std::size(specials)];
+    if (width == 2) {  // bf16: the top half
+      const auto ha = static_cast<uint16_t>(a >> 16), hb = static_cast<uint16_t>(b >> 16);
+      std::memcpy(base.data() + 2 * i, &ha, 2);
+      std::memcpy(raw.data() + 2 * i, &hb, 2);
+    } else {
+      std::memcpy(base.data() + 4 * i, &a, 4);
+      std::memcpy(raw.data() + 4 * i, &b, 4);
+    }
+  }
+  for (size_t k = n * width; k < base.size(); ++k) {
+    base.data()[k] = static_cast<std::byte>(rng());
+    raw.data()[k] = static_cast<std::byte>(rng());
+  }
+  return {std::move(base), std::move(raw)};
+}
+
+// Where the split segment (0x43) starts in a sub container (first, or after the factor's), or
+// SIZE_MAX.
+size_t SplitSegmentAt(const Buffer& stored) {
+  for (size_t at : {size_t{0}, size_t{9}}) {
+    if (stored.size() > at && static_cast<uint8_t>(stored.data()[at]) == 0x43) return at;
+  }
+  return SIZE_MAX;
+}
+
+TEST(PieceCodecTest, PlanesSplitByTheBaseMagnitudeForWeightUpdatesAndRoundTrip) {
+  for (uint8_t width : {4, 2}) {
+    for (size_t tail : {size_t{0}, size_t{1}, size_t{width - 1u}}) {
+      SCOPED_TRACE("width " + std::to_string(width) + " tail " + std::to_string(tail));
+      auto [base, raw] = SteppedWeights(width, 256 << 10, 2e-4f, tail, 41 + width);
+      EncodedPiece p = EncodePiece(CodecSpec{}, raw.bytes(), width, &base);
+      ASSERT_EQ(p.encoding.transform, Transform::kSub);
+      EXPECT_NE(SplitSegmentAt(p.stored), SIZE_MAX);
+      ExpectRoundTrip(p, raw, &base);
+      // Smaller than sub without the split (which EncodePieceAs writes), by a margin.
+      Buffer unsplit = EncodePieceAs(CodecSpec{}, raw.bytes(), Transform::kSub, width, &base);
+      EXPECT_EQ(SplitSegmentAt(unsplit), SIZE_MAX);
+      EXPECT_LT(p.stored.size() * 20, unsplit.size() * 19)
+          << p.stored.size() << " vs " << unsplit.size();
+    }
+  }
+}
+
+TEST(PieceCodecTest, PlanesAreNotSplitWhereTheChangeDoesNotFollowTheBase) {
+  // Changes of random size (the difference's bits do not depend on the base's magnitude), and
+  // pieces too small to pay for the tables.
+  const size_t n = 256 << 10;
+  std::mt19937 rng(43);
+  std::vector<float> a = Weights(n, 44), b(n);
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t x;
+    std::memcpy(&x, &a[i], 4);
+    x += static_cast<uint32_t>(rng() % 4096) - 2048;
+    std::memcpy(&b[i], &x, 4);
+  }
+  Buffer base = ToBuffer(a.data(), n * 4), raw = ToBuffer(b.data(), n * 4);
+  EncodedPiece p = EncodePiece(CodecSpec{}, raw.bytes(), 4, &base);
+  ASSERT_EQ(p.encoding.transform, Transform::kSub);
+  EXPECT_EQ(SplitSegmentAt(p.stored), SIZE_MAX);
+  ExpectRoundTrip(p, raw, &base);
+  auto [small_base, small_raw] = SteppedWeights(4, 4096, 2e-4f, 0, 45);
+  EncodedPiece q = EncodePiece(CodecSpec{}, small_raw.bytes(), 4, &small_base);
+  EXPECT_EQ(SplitSegmentAt(q.stored), SIZE_MAX);
+  ExpectRoundTrip(q, small_raw, &small_base);
+}
+
+TEST(PieceCodecTest, MalformedSplitSegmentsAreCorruption) {
+  auto [base, raw] = SteppedWeights(4, 64 << 10, 2e-4f, 3, 47);
+  EncodedPiece p = EncodePiece(CodecSpec{}, raw.bytes(), 4, &base);
+  const size_t at = SplitSegmentAt(p.stored);
+  ASSERT_NE(at, SIZE_MAX);
+  Buffer out(raw.size());
+  ASSERT_TRUE(DecodePiece(p.encoding, p.stored.bytes(), base.bytes(), out.mutable_bytes()).ok());
+  for (size_t cut = 0; cut < p.stored.size(); cut += 97) {
+    EXPECT_FALSE(
+        DecodePiece(p.encoding, p.stored.bytes().first(cut), base.bytes(), out.mutable_bytes())
+            .ok());
+  }
+  // In a container of another width or transform.
+  EXPECT_FALSE(DecodePiece({Transform::kSub, 8, Codec::kLz4}, p.stored.bytes(), base.bytes(),
+                           out.mutable_bytes())
+                   .ok());
+  for (Transform t : {Transform::kXor, Transform::kPlanes}) {
+    EXPECT_FALSE(
+        DecodePiece({t, 4, Codec::kLz4}, p.stored.bytes(), base.bytes(), out.mutable_bytes()).ok());
+  }
+  // A bad length, bucket count, plane mask or thresholds (zero, not increasing).
+  const uint8_t buckets = static_cast<uint8_t>(p.stored.data()[at + 5]);
+  ASSERT_GE(buckets, 3);
+  for (auto [offset, value] : {std::pair<size_t, uint8_t>{1, 0},
+                               {1, 200},
+                               {5, 0},
+                               {5, 1},
+                               {5, 9},
+                               {6, 0},
+                               {6, 0x10},
+                               {6, 0x80},
+                               {7, 0},
+                               {8, static_cast<uint8_t>(p.stored.data()[at + 7])}}) {
+    Buffer bad(p.stored.bytes());
+    bad.data()[at + offset] = static_cast<std::byte>(value);
+    EXPECT_FALSE(DecodePiece(p.encoding, bad.bytes(), base.bytes(), out.mutable_bytes()).ok())
+        << offset << " " << int{value};
+  }
+  // Against another base the buckets hold other counts: an error or other bytes, never a
+  // crash (the record's checksum and the chunk's hash reject wrong bytes).
+  auto [other_base, other_raw] = SteppedWeights(4, 64 << 10, 2e-4f, 3, 48);
+  (void)DecodePiece(p.encoding, p.stored.bytes(), other_base.bytes(), out.mutable_bytes());
+}
+
 // The fp16 bit pattern of x (mantissa truncated; subnormals below 2^-14, Inf above the range),
 // without the compiler's _Float16, which not every compiler offers on x86-64.
 uint16_t ToHalf(float x) {
@@ -816,6 +944,11 @@ TEST(PieceCodecTest, EveryVectorLevelWritesAndReadsTheSameBytes) {
   // Rotated planes (random signs), whole rounds of 32 elements and a rest of 1..31 and a tail.
   cases.push_back({"fp32 weights", SpecialWeights(4, (64 << 10) * 4 + 29 * 4 + 3, 3), Buffer(), 4});
   cases.push_back({"bf16 weights", SpecialWeights(2, (64 << 10) * 2 + 17 * 2 + 1, 4), Buffer(), 2});
+  for (uint8_t width : {4, 2}) {  // planes split by the base's magnitude
+    auto [base, raw] = SteppedWeights(width, (64 << 10) + 7, 2e-4f, width - 1, 5);
+    cases.push_back(
+        {"split width " + std::to_string(width), std::move(raw), std::move(base), width});
+  }
   std::mt19937_64 rng(12);
   for (uint8_t width : {1, 2, 3, 4, 8}) {
     std::vector<uint8_t> a(100003), b(a.size());
@@ -836,6 +969,9 @@ TEST(PieceCodecTest, EveryVectorLevelWritesAndReadsTheSameBytes) {
       CapCodecVectorLevelForTesting(level);
       EncodedPiece p = EncodePiece(CodecSpec{}, c.raw.bytes(), c.width, base);
       ASSERT_FALSE(p.stored_raw());
+      if (c.name.starts_with("split")) {
+        EXPECT_NE(SplitSegmentAt(p.stored), SIZE_MAX);
+      }
       written.push_back({p.encoding, std::move(p.stored)});
       if (base != nullptr) {
         written.emplace_back(

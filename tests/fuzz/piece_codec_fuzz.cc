@@ -69,8 +69,7 @@ Buffer NearBase(Bytes raw, uint8_t salt) {
   return b;
 }
 
-void CheckDecodes(const PieceEncoding& enc, Bytes stored, Bytes base, Bytes raw,
-                  const char* what) {
+void CheckDecodes(const PieceEncoding& enc, Bytes stored, Bytes base, Bytes raw, const char* what) {
   Buffer out(raw.size());
   Status st = ckptfs::DecodePiece(enc, stored, base, out.mutable_bytes());
   if (!st.ok()) {
@@ -91,8 +90,8 @@ void Decode(const uint8_t* h, Bytes stored) {
                     ? PatternBase(bad_base && raw_len > 0 ? raw_len - 1 : raw_len, h[1])
                     : Buffer();
   Buffer out(raw_len);
-  Status st = ckptfs::DecodePiece({transform, width, codec}, stored, base.bytes(),
-                                  out.mutable_bytes());
+  Status st =
+      ckptfs::DecodePiece({transform, width, codec}, stored, base.bytes(), out.mutable_bytes());
   Check(st.ok() || st.IsCorruption(), "DecodePiece: a status other than Corruption");
   st = ckptfs::HuffmanDecode(stored, out.mutable_bytes());
   Check(st.ok() || st.IsCorruption(), "HuffmanDecode: a status other than Corruption");
@@ -113,16 +112,15 @@ void RoundTrip(const uint8_t* h, Bytes raw) {
   const Buffer base = NearBase(raw, h[3]);
   for (const Buffer* b : {static_cast<const Buffer*>(nullptr), &base}) {
     ckptfs::EncodedPiece p = ckptfs::EncodePiece(spec, raw, width, b);
-    CheckDecodes(p.encoding, p.stored_raw() ? raw : p.stored.bytes(), b ? b->bytes() : Bytes{},
-                 raw, b ? "EncodePiece with a base" : "EncodePiece");
+    CheckDecodes(p.encoding, p.stored_raw() ? raw : p.stored.bytes(), b ? b->bytes() : Bytes{}, raw,
+                 b ? "EncodePiece with a base" : "EncodePiece");
   }
   CheckDecodes({Transform::kPlanes, width, spec.codec},
                ckptfs::EncodePieceAs(spec, raw, Transform::kPlanes, width, nullptr).bytes(), {},
                raw, "EncodePieceAs planes");
   for (Transform t : {Transform::kXor, Transform::kSub}) {
-    CheckDecodes({t, width, spec.codec},
-                 ckptfs::EncodePieceAs(spec, raw, t, width, &base).bytes(), base.bytes(), raw,
-                 "EncodePieceAs xor/sub");
+    CheckDecodes({t, width, spec.codec}, ckptfs::EncodePieceAs(spec, raw, t, width, &base).bytes(),
+                 base.bytes(), raw, "EncodePieceAs xor/sub");
   }
   if (width == 2 || width == 4) {
     CheckDecodes({Transform::kPlanes, width, spec.codec},
@@ -151,9 +149,9 @@ void WriteSeeds(const char* dir) {
   const Bytes bytes = ckptfs::AsBytes(text);
   int n = 0;
   auto write = [&](const PieceEncoding& e, Bytes stored, size_t raw_len) {
-    const uint8_t hdr[kHeader] = {uint8_t(e.transform), uint8_t(e.codec), e.width,
-                                  uint8_t(raw_len), uint8_t(raw_len >> 8),
-                                  uint8_t(raw_len >> 16)};
+    const uint8_t hdr[kHeader] = {
+        uint8_t(e.transform), uint8_t(e.codec),      e.width,
+        uint8_t(raw_len),     uint8_t(raw_len >> 8), uint8_t(raw_len >> 16)};
     const std::string path = std::string(dir) + "/record" + std::to_string(n++);
     FILE* out = std::fopen(path.c_str(), "wb");
     Check(out != nullptr, "cannot write a seed");
@@ -163,24 +161,23 @@ void WriteSeeds(const char* dir) {
   };
   for (const char* s : {"auto", "lz4", "zstd:3"}) {
     const CodecSpec spec = *CodecSpec::Parse(s);
-    for (auto [raw, width] : {std::pair{fp32, uint8_t{4}}, std::pair{half, uint8_t{2}},
-                              std::pair{bytes, uint8_t{1}}}) {
+    for (auto [raw, width] :
+         {std::pair{fp32, uint8_t{4}}, std::pair{half, uint8_t{2}}, std::pair{bytes, uint8_t{1}}}) {
       ckptfs::EncodedPiece p = ckptfs::EncodePiece(spec, raw, width, nullptr);
       write(p.encoding, p.stored_raw() ? raw : p.stored.bytes(), raw.size());
     }
-    write({Transform::kPlanes, 2, spec.codec},
-          ckptfs::EncodeRotatedPlanes(spec, half, 2).bytes(), half.size());
+    write({Transform::kPlanes, 2, spec.codec}, ckptfs::EncodeRotatedPlanes(spec, half, 2).bytes(),
+          half.size());
   }
   // Deltas: the record against its previous version (the decoder's pattern base is another
   // one, so these exercise the decode, not a round trip).
   const CodecSpec spec = *CodecSpec::Parse("auto");
   const Buffer base = NearBase(fp32, 3);
   for (Transform t : {Transform::kXor, Transform::kSub}) {
-    write({t, 4, spec.codec}, ckptfs::EncodePieceAs(spec, fp32, t, 4, &base).bytes(),
-          fp32.size());
+    write({t, 4, spec.codec}, ckptfs::EncodePieceAs(spec, fp32, t, 4, &base).bytes(), fp32.size());
   }
-  write({Transform::kSub, 4, spec.codec},
-        ckptfs::EncodeScaledSub(spec, fp32, base, 0.999f).bytes(), fp32.size());
+  write({Transform::kSub, 4, spec.codec}, ckptfs::EncodeScaledSub(spec, fp32, base, 0.999f).bytes(),
+        fp32.size());
   // A delta large enough that its high plane is coded with rANS (the header's 64 states pay
   // from a few kilobytes on).
   std::vector<float> g(16384);
@@ -191,6 +188,15 @@ void WriteSeeds(const char* dir) {
   const Buffer wide_base(Bytes(reinterpret_cast<const std::byte*>(g.data()), g.size() * 4));
   ckptfs::EncodedPiece p = ckptfs::EncodePiece(spec, wide, 4, &wide_base);
   write(p.encoding, p.stored_raw() ? wide : p.stored.bytes(), wide.size());
+  // A delta whose high planes are split by the base's magnitude (segment 0x43): an optimizer
+  // step moves every weight by about as much, whatever its size.
+  std::vector<float> stepped = g;
+  for (size_t i = 0; i < stepped.size(); ++i) {
+    stepped[i] += (uint32_t(i) * 2654435761u >> 31) != 0 ? 2e-5f : -2e-5f;
+  }
+  const Bytes moved(reinterpret_cast<const std::byte*>(stepped.data()), stepped.size() * 4);
+  p = ckptfs::EncodePiece(spec, moved, 4, &wide_base);
+  write(p.encoding, p.stored_raw() ? moved : p.stored.bytes(), moved.size());
   std::fprintf(stderr, "piece_codec_fuzz: wrote %d seeds to %s\n", n, dir);
 }
 
