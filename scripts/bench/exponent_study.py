@@ -24,6 +24,13 @@ entropy, not a codec; the codec stores ~0.5% of raw more than these bounds).
                                          weights and against the old weights minus Adam's update
                                          rebuilt from the old and new moments; exp_avg_sq against
                                          the old one scaled and against b2^k old + (1 - b2^k) g^2
+  exponent_study.py split OLD.pt NEW.pt  changed tensors, the old version as a sub delta against
+                                         the new (as the re-encoder stores it; exp_avg_sq of
+                                         fp32 against the scaled prediction), per 1 MiB piece:
+                                         the planes order 0, and the top one or two planes split
+                                         into K buckets by the base's magnitude byte (quantiles
+                                         of the piece), 300 bytes of table per bucket counted
+                                         (what segment 0x43 stores)
   exponent_study.py sibling OPTIM.pt     first versions of Adam's moments (a DeepSpeed optimizer
                                          file): each moment's exponent given the other's (same
                                          element), against order 0 and the row/column model;
@@ -302,6 +309,48 @@ def adam(d, old_step, new_step):
     print(f"lr {lr} betas {b1} {b2}; stored / raw:", {k: round(x / n, 4) for k, x in tot.items()})
 
 
+def split(old_path, new_path, table_bytes_per_bucket=300):
+    old, new = tensors(old_path), tensors(new_path)
+    tot = {}
+    for key, tb in new.items():
+        ta = old.get(key)
+        if ta is None or ta.shape != tb.shape or torch.equal(ta, tb):
+            continue
+        kind = "exp_avg_sq" if "exp_avg_sq" in key else "exp_avg" if "exp_avg" in key else "weights"
+        v, w = bits_of(ta)  # the old version, coded against the new one
+        b, _ = bits_of(tb)
+        if kind == "exp_avg_sq" and w == 32:
+            vf, bf = ta.double().numpy().ravel(), tb.double().numpy().ravel()
+            ok = bf > 1e-30
+            b = bits_of((tb.double() * float(np.median(vf[ok] / bf[ok]))).float())[0]
+        z = zigzag_sub(v, b, w)
+        magnitude = ((b >> np.uint64(w - 9)) & np.uint64(255)).astype(np.int64)
+        d = tot.setdefault(kind, {"bits": 0})
+        per = (1 << 20) // (w // 8)
+        for a in range(0, z.size, per):
+            x, e, n = z[a:a + per], magnitude[a:a + per], min(per, z.size - a)
+            ps = [((x >> np.uint64(8 * j)) & np.uint64(255)).astype(np.int64) for j in range(w // 8)]
+            d["bits"] += n * w
+            d["order 0"] = d.get("order 0", 0) + sum(n * min(h(p), 8) for p in ps)
+            for k in (4, 8):
+                c = np.searchsorted(np.unique(np.quantile(e, np.linspace(0, 1, k + 1)[1:-1])), e,
+                                    side="right")
+                for top in (1, 2):
+                    cost = 8 * k
+                    for j, p in enumerate(ps):
+                        whole = n * min(h(p), 8)
+                        if j < len(ps) - top:
+                            cost += whole
+                            continue
+                        parts = sum(min(s.size * h(s) + 8 * table_bytes_per_bucket, 8 * s.size)
+                                    for s in (p[c == q] for q in range(k)) if s.size)
+                        cost += min(parts, whole)
+                    name = f"K={k}, top {top}"
+                    d[name] = d.get(name, 0) + cost
+    for kind, d in tot.items():
+        print(kind, {k: round(x / d["bits"], 4) for k, x in d.items() if k != "bits"})
+
+
 def sibling(path):
     state = torch.load(path, weights_only=False, map_location="cpu")["optimizer_state_dict"]["state"]
     tot = {}
@@ -349,6 +398,8 @@ if __name__ == "__main__":
         delta(sys.argv[2], sys.argv[3])
     elif len(sys.argv) == 4 and sys.argv[1] == "coders":
         coders(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) == 4 and sys.argv[1] == "split":
+        split(sys.argv[2], sys.argv[3])
     elif len(sys.argv) == 3 and sys.argv[1] == "sibling":
         sibling(sys.argv[2])
     elif len(sys.argv) == 5 and sys.argv[1] == "adam":
