@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <optional>
@@ -932,6 +933,82 @@ __attribute__((target("avx512f,avx512bw,avx512vbmi2,bmi2,popcnt"))) void Scatter
   }
   for (; i < elements; ++i) plane[i] = *at[bucket_of[i]]++;
 }
+
+// The AVX2 level's byte compression and expansion, 8 bytes at a time: for a mask m of 8
+// elements, kByteShuffles.pack[m] moves the bytes whose bit is set to the front (in order) and
+// expand[m] moves the front bytes back to where the bits are set (pshufb indices; 0x80 clears).
+struct ByteShuffles {
+  std::array<uint64_t, 256> pack{};
+  std::array<uint64_t, 256> expand{};
+};
+constexpr ByteShuffles MakeByteShuffles() {
+  ByteShuffles t;
+  for (unsigned m = 0; m < 256; ++m) {
+    // 0x80: pshufb clears the byte (also in pack + 8, the upper half's indices).
+    uint64_t pack = 0x8080808080808080, expand = 0x8080808080808080;
+    for (unsigned k = 0, rank = 0; k < 8; ++k) {
+      if ((m >> k & 1) == 0) continue;
+      pack = (pack & ~(uint64_t{0xff} << (8 * rank))) | uint64_t{k} << (8 * rank);
+      expand = (expand & ~(uint64_t{0xff} << (8 * k))) | uint64_t{rank} << (8 * k);
+      ++rank;
+    }
+    t.pack[m] = pack;
+    t.expand[m] = expand;
+  }
+  return t;
+}
+constexpr ByteShuffles kByteShuffles = MakeByteShuffles();
+
+CKPTFS_TARGET_AVX2 void GatherBucketsAvx2(const PlaneSplit& split, const uint8_t* __restrict plane,
+                                          size_t elements, uint8_t* __restrict out) {
+  const uint8_t* bucket_of = split.bucket_of;
+  const __m128i eight = _mm_set1_epi8(8);
+  // Bucket by bucket, as GatherBucketsVbmi2 (8-byte stores past a bucket's end).
+  for (size_t b = 0; b < split.buckets; ++b) {
+    const __m128i id = _mm_set1_epi8(static_cast<char>(b));
+    size_t i = 0;
+    for (; i + 16 <= elements; i += 16) {
+      const __m128i ids = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bucket_of + i));
+      const auto m = static_cast<unsigned>(_mm_movemask_epi8(_mm_cmpeq_epi8(ids, id)));
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(plane + i));
+      const __m128i lo = _mm_cvtsi64_si128(static_cast<int64_t>(kByteShuffles.pack[m & 0xff]));
+      const __m128i hi =
+          _mm_add_epi8(_mm_cvtsi64_si128(static_cast<int64_t>(kByteShuffles.pack[m >> 8])), eight);
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm_shuffle_epi8(v, lo));
+      out += std::popcount(m & 0xff);
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm_shuffle_epi8(v, hi));
+      out += std::popcount(m >> 8);
+    }
+    for (; i < elements; ++i) {
+      if (bucket_of[i] == b) *out++ = plane[i];
+    }
+  }
+}
+CKPTFS_TARGET_AVX2 void ScatterBucketsAvx2(const PlaneSplit& split,
+                                           std::array<const uint8_t*, kMaxSplitBuckets> at,
+                                           size_t elements, uint8_t* __restrict plane) {
+  const uint8_t* bucket_of = split.bucket_of;
+  size_t i = 0;
+  for (; i + 16 <= elements; i += 16) {
+    const __m128i ids = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bucket_of + i));
+    __m128i v = _mm_setzero_si128();
+    for (size_t b = 0; b < split.buckets; ++b) {
+      const __m128i id = _mm_set1_epi8(static_cast<char>(b));
+      const auto m = static_cast<unsigned>(_mm_movemask_epi8(_mm_cmpeq_epi8(ids, id)));
+      const __m128i lo =
+          _mm_shuffle_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(at[b])),
+                           _mm_cvtsi64_si128(static_cast<int64_t>(kByteShuffles.expand[m & 0xff])));
+      at[b] += std::popcount(m & 0xff);
+      const __m128i hi =
+          _mm_shuffle_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(at[b])),
+                           _mm_cvtsi64_si128(static_cast<int64_t>(kByteShuffles.expand[m >> 8])));
+      at[b] += std::popcount(m >> 8);
+      v = _mm_or_si128(v, _mm_unpacklo_epi64(lo, hi));
+    }
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(plane + i), v);
+  }
+  for (; i < elements; ++i) plane[i] = *at[bucket_of[i]]++;
+}
 #endif
 bool UseVbmi2() {
 #if defined(__x86_64__)
@@ -944,6 +1021,9 @@ void GatherBuckets(const PlaneSplit& split, const uint8_t* __restrict plane, siz
                    uint8_t* __restrict out) {
 #if defined(__x86_64__)
   if (UseVbmi2()) return GatherBucketsVbmi2(split, plane, elements, out);
+  if (CodecVectorLevelInUse() >= CodecVectorLevel::kAvx2) {
+    return GatherBucketsAvx2(split, plane, elements, out);
+  }
 #endif
   std::array<uint8_t*, kMaxSplitBuckets> to{};
   for (size_t b = 0, at = 0; b < split.buckets; at += split.counts[b], ++b) to[b] = out + at;
@@ -956,6 +1036,9 @@ void ScatterBuckets(const PlaneSplit& split,
                     uint8_t* __restrict plane) {
 #if defined(__x86_64__)
   if (UseVbmi2()) return ScatterBucketsVbmi2(split, from, elements, plane);
+  if (CodecVectorLevelInUse() >= CodecVectorLevel::kAvx2) {
+    return ScatterBucketsAvx2(split, from, elements, plane);
+  }
 #endif
   std::array<const uint8_t*, kMaxSplitBuckets> at = from;
   const uint8_t* __restrict bucket_of = split.bucket_of;
