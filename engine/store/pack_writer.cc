@@ -457,8 +457,9 @@ Status PackWriter::PunchDead(uint32_t pack_id,
     MutexLock lock(mu_);
     // Logged before the bytes change, so that PunchedSince never misses one under way.
     for (const auto& [from, to] : ranges) {
-      punches_.push_back(
-          Punch{++punch_seq_, pack_id, AlignDownForDirectIo(from), AlignUpForDirectIo(to)});
+      // Widened to PunchRange's blocks: it may zero the rest of either edge's.
+      punches_.push_back(Punch{++punch_seq_, pack_id, from / kPunchBlock * kPunchBlock,
+                               (to + kPunchBlock - 1) / kPunchBlock * kPunchBlock});
       if (punches_.size() > kPunchLog) punches_.pop_front();
     }
     auto it = packs_.find(pack_id);

@@ -48,8 +48,6 @@ Status PReadFull(int fd, uint64_t offset, MutableBytes out, const std::filesyste
 }
 
 namespace {
-constexpr uint64_t kPunchBlock = 4096;
-
 // Whether [from, to) reads as zeros (false where it could not be read whole).
 bool ReadsAsZeros(int fd, uint64_t from, uint64_t to) {
   std::byte buf[kPunchBlock];

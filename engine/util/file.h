@@ -57,8 +57,11 @@ Result<uint64_t> FileSize(int fd, const std::filesystem::path& path);
 // How many bytes of [offset, offset + length) of the file are in the page cache, counted in
 // whole pages (cachestat(2), Linux >= 6.5): NotSupported where the kernel lacks the call.
 Result<uint64_t> PageCacheBytes(int fd, uint64_t offset, uint64_t length);
+// The block PunchRange extends a range's edges to (the filesystem's: ext4 and xfs allocate 4
+// KiB). Whoever records what a punch may have zeroed widens the range to it (PunchedSince).
+inline constexpr uint64_t kPunchBlock = 4096;
 // Deallocates the bytes [from, to) of a file (they read as zeros after; FALLOC_FL_PUNCH_HOLE,
-// size kept), and with them the rest of either edge's 4 KiB block where those bytes read as
+// size kept), and with them the rest of either edge's kPunchBlock where those bytes read as
 // zeros already and, past `to`, lie below `stable_end` (bytes past it may still be written).
 // A range punched on its own leaves the blocks it shares with its neighbours allocated,
 // zeroed: a neighbouring range punched later frees them. Bytes that read as zeros read back
