@@ -131,14 +131,21 @@ def first(path):
     print({k: round(v / tot["bits"], 4) for k, v in tot.items() if k != "bits"})
 
 
-def delta(old_path, new_path):
+def changed(old_path, new_path, other="other"):
+    """(kind, old tensor, new tensor) for each tensor of NEW that OLD has, same shape, changed;
+    kind: exp_avg_sq, exp_avg or `other`."""
     old, new = tensors(old_path), tensors(new_path)
-    tot = {}
     for key, tb in new.items():
         ta = old.get(key)
         if ta is None or ta.shape != tb.shape or torch.equal(ta, tb):
             continue
-        kind = "exp_avg_sq" if "exp_avg_sq" in key else "exp_avg" if "exp_avg" in key else "other"
+        kind = "exp_avg_sq" if "exp_avg_sq" in key else "exp_avg" if "exp_avg" in key else other
+        yield kind, ta, tb
+
+
+def delta(old_path, new_path):
+    tot = {}
+    for kind, ta, tb in changed(old_path, new_path):
         v, w = bits_of(tb)
         b, _ = bits_of(ta)
         m = np.uint64((1 << w) - 1)
@@ -239,12 +246,8 @@ def zigzag_sub(v, b, w):
 
 
 def coders(old_path, new_path):
-    old, new = tensors(old_path), tensors(new_path)
     tot = {"entropy": 0.0, "huffman": 0.0, "pair huffman": 0.0, "bytes": 0}
-    for key, tb in new.items():
-        ta = old.get(key)
-        if ta is None or ta.shape != tb.shape or torch.equal(ta, tb):
-            continue
+    for _, ta, tb in changed(old_path, new_path):
         v, w = bits_of(tb)
         z = zigzag_sub(v, bits_of(ta)[0], w)
         per = (1 << 20) // (w // 8)
@@ -310,13 +313,8 @@ def adam(d, old_step, new_step):
 
 
 def split(old_path, new_path, table_bytes_per_bucket=300):
-    old, new = tensors(old_path), tensors(new_path)
     tot = {}
-    for key, tb in new.items():
-        ta = old.get(key)
-        if ta is None or ta.shape != tb.shape or torch.equal(ta, tb):
-            continue
-        kind = "exp_avg_sq" if "exp_avg_sq" in key else "exp_avg" if "exp_avg" in key else "weights"
+    for kind, ta, tb in changed(old_path, new_path, other="weights"):
         v, w = bits_of(ta)  # the old version, coded against the new one
         b, _ = bits_of(tb)
         if kind == "exp_avg_sq" and w == 32:
