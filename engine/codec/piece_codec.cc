@@ -1054,7 +1054,7 @@ void ScatterBuckets(const PlaneSplit& split,
 // are noise) and both of bf16/fp16 are looked at. Measured in docs/engine.md, "Compression".
 constexpr size_t kSplitBuckets = 4;
 constexpr size_t kSplitMinElements = 16 << 10;
-constexpr size_t kSplitRuns = 16;
+constexpr size_t kSplitRuns = 8;
 constexpr size_t kSplitRun = 1024;
 constexpr double kSplitBucketCost = 200;  // bytes: a segment header and an entropy coder's table
 constexpr double kSplitMinSavedBits = 0.25;
@@ -1092,14 +1092,24 @@ PlaneSplit PlanSplit(uint8_t width, const std::byte* base, const std::byte* plan
   const int first_plane = width == 4 ? 2 : 0;
   std::array<std::array<std::array<uint32_t, 256>, kMaxSplitBuckets>, 2> counts{};
   std::array<uint32_t, kMaxSplitBuckets> in_bucket{};
-  for (size_t r = 0; r < kSplitRuns; ++r) {
-    for (size_t i = r * gap; i < r * gap + kSplitRun; ++i) {
-      const uint8_t b = bucket_of_magnitude[MagnitudeByte(base, width, i)];
-      ++in_bucket[b];
-      for (int s = 0; s < 2; ++s) {
-        ++counts[s][b][static_cast<uint8_t>(planes[(first_plane + s) * elements + i])];
+  const uint8_t* lower = reinterpret_cast<const uint8_t*>(planes) + first_plane * elements;
+  const uint8_t* upper = lower + elements;
+  auto sample = [&]<typename U>(U) {
+    for (size_t r = 0; r < kSplitRuns; ++r) {
+      for (size_t i = r * gap; i < r * gap + kSplitRun; ++i) {
+        U v;
+        std::memcpy(&v, base + sizeof(U) * i, sizeof(U));
+        const uint8_t b = bucket_of_magnitude[static_cast<uint8_t>(v >> (8 * sizeof(U) - 9))];
+        ++in_bucket[b];
+        ++counts[0][b][lower[i]];
+        ++counts[1][b][upper[i]];
       }
     }
+  };
+  if (width == 4) {
+    sample(uint32_t{});
+  } else {
+    sample(uint16_t{});
   }
   for (int s = 0; s < 2; ++s) {
     std::array<uint32_t, 256> whole{};
