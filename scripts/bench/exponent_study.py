@@ -22,8 +22,10 @@ entropy, not a codec; the codec stores ~0.5% of raw more than these bounds).
   exponent_study.py adam DIR OLD NEW     DeepSpeed checkpoints DIR/global_step{OLD,NEW} of an
                                          Adam trajectory: the weights' sub delta against the old
                                          weights and against the old weights minus Adam's update
-                                         rebuilt from the old and new moments; exp_avg_sq against
-                                         the old one scaled and against b2^k old + (1 - b2^k) g^2
+                                         rebuilt from the old and new moments (and the reverse
+                                         deltas with the split planes of segment 0x43, with and
+                                         without the update); exp_avg_sq against the old one
+                                         scaled and against b2^k old + (1 - b2^k) g^2
   exponent_study.py split OLD.pt NEW.pt  changed tensors, the old version as a sub delta against
                                          the new (as the re-encoder stores it; exp_avg_sq of
                                          fp32 against the scaled prediction), per 1 MiB piece:
@@ -307,9 +309,40 @@ def adam(d, old_step, new_step):
         tot["weights: Adam's update"] += cost(w1, w0 - update)
         tot["exp_avg_sq: scaled"] += cost(v1, v0 * scale)
         tot["exp_avg_sq: from exp_avg"] += cost(v1, b2 ** k * v0 + (1 - b2 ** k) * gm ** 2)
+        # As the re-encoder stores them (the old version against the new), planes split by the
+        # base's magnitude (segment 0x43): with and without Adam's update in the prediction.
+        old_bits = bits_of(w0.float())[0]
+        for label, pred in (("sub", w1), ("Adam's update", w1 + update)):
+            p = bits_of(pred.float())[0]
+            tot[f"weights, reverse, split: {label}"] = tot.get(
+                f"weights, reverse, split: {label}", 0.0) + split_bits(
+                    zigzag_sub(old_bits, p, 32),
+                    ((p >> np.uint64(23)) & np.uint64(255)).astype(np.int64), 32, 4, 2)
         tot["bits"] += w0.numel() * 32
     n = tot.pop("bits")
     print(f"lr {lr} betas {b1} {b2}; stored / raw:", {k: round(x / n, 4) for k, x in tot.items()})
+
+
+def split_bits(z, magnitude, w, k, top, table_bytes_per_bucket=300):
+    """Bits of the zigzag delta z (width w bits) per 1 MiB piece, order 0 per plane, with the top
+    `top` planes split into k buckets at quantiles of the piece's base magnitude bytes (where that
+    is smaller), table_bytes_per_bucket counted per bucket: what segment 0x43 stores."""
+    bits, per = 0.0, (1 << 20) // (w // 8)
+    for a in range(0, z.size, per):
+        x, e, n = z[a:a + per], magnitude[a:a + per], min(per, z.size - a)
+        ps = [((x >> np.uint64(8 * j)) & np.uint64(255)).astype(np.int64) for j in range(w // 8)]
+        c = np.searchsorted(np.unique(np.quantile(e, np.linspace(0, 1, k + 1)[1:-1])), e,
+                            side="right")
+        bits += 8 * k if top else 0
+        for j, p in enumerate(ps):
+            whole = n * min(h(p), 8)
+            if j < len(ps) - top:
+                bits += whole
+                continue
+            parts = sum(min(s.size * h(s) + 8 * table_bytes_per_bucket, 8 * s.size)
+                        for s in (p[c == q] for q in range(k)) if s.size)
+            bits += min(parts, whole)
+    return bits
 
 
 def split(old_path, new_path, table_bytes_per_bucket=300):
@@ -324,27 +357,13 @@ def split(old_path, new_path, table_bytes_per_bucket=300):
         z = zigzag_sub(v, b, w)
         magnitude = ((b >> np.uint64(w - 9)) & np.uint64(255)).astype(np.int64)
         d = tot.setdefault(kind, {"bits": 0})
-        per = (1 << 20) // (w // 8)
-        for a in range(0, z.size, per):
-            x, e, n = z[a:a + per], magnitude[a:a + per], min(per, z.size - a)
-            ps = [((x >> np.uint64(8 * j)) & np.uint64(255)).astype(np.int64) for j in range(w // 8)]
-            d["bits"] += n * w
-            d["order 0"] = d.get("order 0", 0) + sum(n * min(h(p), 8) for p in ps)
-            for k in (4, 8):
-                c = np.searchsorted(np.unique(np.quantile(e, np.linspace(0, 1, k + 1)[1:-1])), e,
-                                    side="right")
-                for top in (1, 2):
-                    cost = 8 * k
-                    for j, p in enumerate(ps):
-                        whole = n * min(h(p), 8)
-                        if j < len(ps) - top:
-                            cost += whole
-                            continue
-                        parts = sum(min(s.size * h(s) + 8 * table_bytes_per_bucket, 8 * s.size)
-                                    for s in (p[c == q] for q in range(k)) if s.size)
-                        cost += min(parts, whole)
-                    name = f"K={k}, top {top}"
-                    d[name] = d.get(name, 0) + cost
+        d["bits"] += z.size * w
+        d["order 0"] = d.get("order 0", 0) + split_bits(z, magnitude, w, 1, 0)
+        for k in (4, 8):
+            for top in (1, 2):
+                name = f"K={k}, top {top}"
+                d[name] = d.get(name, 0) + split_bits(z, magnitude, w, k, top,
+                                                      table_bytes_per_bucket)
     for kind, d in tot.items():
         print(kind, {k: round(x / d["bits"], 4) for k, x in d.items() if k != "bits"})
 
