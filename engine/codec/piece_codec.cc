@@ -751,32 +751,35 @@ void ApplyTopModel(uint8_t* top, size_t n, size_t period, size_t phase, const ui
   });
 }
 
-// The 8 bits below the sign of base element i (width 2 or 4): the exponent of fp32 and bf16.
-inline uint8_t MagnitudeByte(const std::byte* base, uint8_t width, size_t i) {
-  if (width == 4) {
-    uint32_t v;
-    std::memcpy(&v, base + 4 * i, 4);
-    return static_cast<uint8_t>(v >> 23);
-  }
-  uint16_t v;
-  std::memcpy(&v, base + 2 * i, 2);
-  return static_cast<uint8_t>(v >> 7);
+// The split's thresholds as the bucket loops compare them: unused ones 256 (never reached).
+using SplitThresholds = std::array<uint32_t, kMaxSplitBuckets - 1>;
+SplitThresholds ThresholdsOf(const PlaneSplit& split) {
+  SplitThresholds t;
+  t.fill(256);
+  for (size_t b = 0; b + 1 < split.buckets; ++b) t[b] = split.thresholds[b];
+  return t;
+}
+// An element's magnitude byte: the 8 bits below its sign (the exponent of fp32 and bf16).
+template <typename U>
+inline uint32_t MagnitudeOf(U v) {
+  return static_cast<uint32_t>(v >> (8 * sizeof(U) - 9)) & 0xff;
+}
+// Its bucket: how many thresholds the magnitude byte reaches (compares and adds, which the
+// compiler vectorises).
+inline uint32_t BucketOf(uint32_t magnitude, const SplitThresholds& t) {
+  uint32_t b = 0;
+  for (uint32_t threshold : t) b += magnitude >= threshold;
+  return b;
 }
 
-// out[i] = the bucket of element i: how many thresholds its magnitude byte reaches (unused
-// thresholds are 256). Compares and adds, which the compiler vectorises.
+// out[i] = the bucket of element i of `base`.
 template <typename U>
 inline void BucketsTyped(const std::byte* __restrict base, size_t elements,
-                         const std::array<uint32_t, kMaxSplitBuckets - 1>& thresholds,
-                         uint8_t* __restrict out) {
-  constexpr unsigned kShift = 8 * sizeof(U) - 9;
+                         const SplitThresholds& t, uint8_t* __restrict out) {
   for (size_t i = 0; i < elements; ++i) {
     U v;
     std::memcpy(&v, base + sizeof(U) * i, sizeof(U));
-    const uint32_t m = static_cast<uint32_t>(v >> kShift) & 0xff;
-    uint32_t b = 0;
-    for (size_t j = 0; j < kMaxSplitBuckets - 1; ++j) b += m >= thresholds[j];
-    out[i] = static_cast<uint8_t>(b);
+    out[i] = static_cast<uint8_t>(BucketOf(MagnitudeOf(v), t));
   }
 }
 // The number of bytes of `bucket_of` equal to each bucket. Counted 8 bits per bucket in one
@@ -799,8 +802,8 @@ inline void CountBucketsScalar(const uint8_t* bucket_of, size_t elements,
 // a vector load of bytes just stored narrowed would wait for the stores). The shifts are the
 // zero-masked forms: GCC 12 warns that the plain ones' undefined source may be uninitialised.
 CKPTFS_TARGET_AVX512 void BucketsAvx512(uint8_t width, const std::byte* base, size_t elements,
-                                        const std::array<uint32_t, kMaxSplitBuckets - 1>& t,
-                                        uint8_t* out, std::array<size_t, kMaxSplitBuckets>* c) {
+                                        const SplitThresholds& t, uint8_t* out,
+                                        std::array<size_t, kMaxSplitBuckets>* c) {
   size_t used = 0;
   while (used < t.size() && t[used] < 256) ++used;
   size_t i = 0;
@@ -844,8 +847,8 @@ CKPTFS_TARGET_AVX512 void BucketsAvx512(uint8_t width, const std::byte* base, si
   *c = counts;
 }
 CKPTFS_TARGET_AVX2 void BucketsAvx2(uint8_t width, const std::byte* base, size_t elements,
-                                    const std::array<uint32_t, kMaxSplitBuckets - 1>& t,
-                                    uint8_t* out, std::array<size_t, kMaxSplitBuckets>* c) {
+                                    const SplitThresholds& t, uint8_t* out,
+                                    std::array<size_t, kMaxSplitBuckets>* c) {
   if (width == 4) {
     BucketsTyped<uint32_t>(base, elements, t, out);
   } else {
@@ -870,9 +873,7 @@ CKPTFS_TARGET_AVX2 void BucketsAvx2(uint8_t width, const std::byte* base, size_t
 // magnitude bytes, into `bucket_of` (elements bytes); the counts into split->counts.
 void BucketElements(uint8_t width, const std::byte* base, size_t elements, PlaneSplit* split,
                     uint8_t* bucket_of) {
-  std::array<uint32_t, kMaxSplitBuckets - 1> t;
-  t.fill(256);
-  for (size_t b = 0; b + 1 < split->buckets; ++b) t[b] = split->thresholds[b];
+  const SplitThresholds t = ThresholdsOf(*split);
   split->bucket_of = bucket_of;
 #if defined(__x86_64__)
   const CodecVectorLevel level = CodecVectorLevelInUse();
@@ -1064,12 +1065,25 @@ PlaneSplit PlanSplit(uint8_t width, const std::byte* base, const std::byte* plan
   if (elements < kSplitMinElements || (width != 2 && width != 4)) return split;
   const size_t gap = (elements - kSplitRun) / (kSplitRuns - 1);
   const size_t sampled = kSplitRuns * kSplitRun;
-  std::array<uint32_t, 256> magnitudes{};
-  for (size_t r = 0; r < kSplitRuns; ++r) {
-    for (size_t i = r * gap; i < r * gap + kSplitRun; ++i) {
-      ++magnitudes[MagnitudeByte(base, width, i)];
+  // The sample's elements, i, with the base element read as U.
+  auto for_sample = [&](auto&& f) {
+    auto each = [&]<typename U>(U) {
+      for (size_t r = 0; r < kSplitRuns; ++r) {
+        for (size_t i = r * gap; i < r * gap + kSplitRun; ++i) {
+          U v;
+          std::memcpy(&v, base + sizeof(U) * i, sizeof(U));
+          f(i, MagnitudeOf(v));
+        }
+      }
+    };
+    if (width == 4) {
+      each(uint32_t{});
+    } else {
+      each(uint16_t{});
     }
-  }
+  };
+  std::array<uint32_t, 256> magnitudes{};
+  for_sample([&](size_t, uint32_t m) { ++magnitudes[m]; });
   // Thresholds where the running count passes each next share of the sample (a byte value
   // that passes several gives one threshold).
   size_t seen = 0, share = 1;
@@ -1084,33 +1098,18 @@ PlaneSplit PlanSplit(uint8_t width, const std::byte* base, const std::byte* plan
   }
   if (found == 0) return split;
   split.buckets = static_cast<uint8_t>(found + 1);
-  std::array<uint8_t, 256> bucket_of_magnitude{};
-  for (int v = 0, b = 0; v < 256; ++v) {
-    while (b < found && split.thresholds[b] <= v) ++b;
-    bucket_of_magnitude[v] = static_cast<uint8_t>(b);
-  }
+  const SplitThresholds t = ThresholdsOf(split);
   const int first_plane = width == 4 ? 2 : 0;
   std::array<std::array<std::array<uint32_t, 256>, kMaxSplitBuckets>, 2> counts{};
   std::array<uint32_t, kMaxSplitBuckets> in_bucket{};
   const uint8_t* lower = reinterpret_cast<const uint8_t*>(planes) + first_plane * elements;
   const uint8_t* upper = lower + elements;
-  auto sample = [&]<typename U>(U) {
-    for (size_t r = 0; r < kSplitRuns; ++r) {
-      for (size_t i = r * gap; i < r * gap + kSplitRun; ++i) {
-        U v;
-        std::memcpy(&v, base + sizeof(U) * i, sizeof(U));
-        const uint8_t b = bucket_of_magnitude[static_cast<uint8_t>(v >> (8 * sizeof(U) - 9))];
-        ++in_bucket[b];
-        ++counts[0][b][lower[i]];
-        ++counts[1][b][upper[i]];
-      }
-    }
-  };
-  if (width == 4) {
-    sample(uint32_t{});
-  } else {
-    sample(uint16_t{});
-  }
+  for_sample([&](size_t i, uint32_t m) {
+    const uint32_t b = BucketOf(m, t);
+    ++in_bucket[b];
+    ++counts[0][b][lower[i]];
+    ++counts[1][b][upper[i]];
+  });
   for (int s = 0; s < 2; ++s) {
     std::array<uint32_t, 256> whole{};
     double split_bits = 0;
