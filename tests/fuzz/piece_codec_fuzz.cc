@@ -14,7 +14,8 @@
 //   [3..5] the raw length (LE24, at most 1 MiB)
 // Decode: the payload as the stored record, into exactly the raw length (base: a pattern of
 // that length). Round trip: the payload as the raw bytes, the width clamped to 1..8, the base
-// the payload with some bytes changed.
+// the payload with some bytes changed, and for widths 2 and 4 also every element moved by a
+// small step (a delta the encoder may split by the base's magnitude: 16K elements and more).
 //
 // Seeds: `CKPTFS_PIECE_SEEDS=DIR piece_codec_fuzz` writes records made by the current encoder
 // (with their headers) into DIR and exits (scripts/fuzz.sh does so at first use).
@@ -65,6 +66,24 @@ Buffer NearBase(Bytes raw, uint8_t salt) {
   Buffer b(raw);
   for (size_t i = 0; i < raw.size(); i += 7) {
     b.mutable_bytes()[i] = std::byte(uint8_t(uint8_t(raw[i]) + salt + 1));
+  }
+  return b;
+}
+
+// What an optimizer step makes of a previous version (width 2 or 4, elements as the top bytes of
+// floats): every element moved by about as much, whatever its size, so that the delta follows
+// the base's magnitude and the encoder may split its planes (segment 0x43).
+Buffer SteppedBase(Bytes raw, uint8_t width) {
+  Buffer b(raw);
+  for (size_t i = 0; i + width <= raw.size(); i += width) {
+    uint32_t bits = 0;
+    std::memcpy(reinterpret_cast<std::byte*>(&bits) + 4 - width, raw.data() + i, width);
+    float f;
+    std::memcpy(&f, &bits, 4);
+    f += (uint32_t(i) * 2654435761u >> 31) != 0 ? 2e-5f : -2e-5f;
+    std::memcpy(&bits, &f, 4);
+    std::memcpy(b.mutable_bytes().data() + i, reinterpret_cast<std::byte*>(&bits) + 4 - width,
+                width);
   }
   return b;
 }
@@ -126,6 +145,12 @@ void RoundTrip(const uint8_t* h, Bytes raw) {
     CheckDecodes({Transform::kPlanes, width, spec.codec},
                  ckptfs::EncodeRotatedPlanes(spec, raw, width).bytes(), {}, raw,
                  "EncodeRotatedPlanes");
+  }
+  if (width == 2 || width == 4) {
+    const Buffer stepped = SteppedBase(raw, width);
+    ckptfs::EncodedPiece p = ckptfs::EncodePiece(spec, raw, width, &stepped);
+    CheckDecodes(p.encoding, p.stored_raw() ? raw : p.stored.bytes(), stepped.bytes(), raw,
+                 "EncodePiece with a stepped base");
   }
   if (width == 4) {
     float scale;
@@ -197,6 +222,15 @@ void WriteSeeds(const char* dir) {
   const Bytes moved(reinterpret_cast<const std::byte*>(stepped.data()), stepped.size() * 4);
   p = ckptfs::EncodePiece(spec, moved, 4, &wide_base);
   write(p.encoding, p.stored_raw() ? moved : p.stored.bytes(), moved.size());
+  // The same tensor as a round trip's input (header: width 4), against its stepped base the
+  // encoder splits (checked here, so that the seed keeps its purpose): the fuzzer's round trips
+  // reach the split from the start (-max_len in fuzz.sh leaves room for 16K fp32 elements).
+  const Buffer stepped_base = SteppedBase(wide, 4);
+  p = ckptfs::EncodePiece(spec, wide, 4, &stepped_base);
+  Check(!p.stored_raw() && p.encoding.transform == Transform::kSub && p.stored.size() > 0 &&
+            uint8_t(p.stored.bytes()[0]) == 0x43,
+        "the round trip's seed is not split");
+  write({Transform::kSub, 3, Codec::kNone}, wide, wide.size());  // spec auto, width 3 % 8 + 1
   std::fprintf(stderr, "piece_codec_fuzz: wrote %d seeds to %s\n", n, dir);
 }
 
