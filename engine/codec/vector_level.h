@@ -76,7 +76,8 @@ inline bool CodecCpuHasAvx512Vbmi2() {
 }
 #undef CKPTFS_CPU_SUPPORTS
 
-// For tests: uses at most `cap` from now on (in every thread); returns the previous cap.
+// For tests and engine_bench's --vector-level: uses at most `cap` from now on (in every
+// thread); returns the previous cap.
 inline CodecVectorLevel CapCodecVectorLevelForTesting(CodecVectorLevel cap) {
   return codec_internal::vector_level_cap.exchange(cap);
 }

@@ -18,8 +18,11 @@
 // ratio shown is the median of the per-run ratios. GB/s means 10^9 bytes per second.
 //
 // Usage: engine_bench --v1 FILE --dir DIR [--v2 FILE] [--runs N] [--only
-// micro,e2e,hash,codec,chunk]
+// micro,e2e,hash,codec,chunk] [--codecs auto,lz4,...] [--no-format-aware]
+// [--vector-level avx512|avx2|baseline]
 //   DIR: scratch directory on the disk to measure (the bench removes what it creates there).
+//   --vector-level: the codec's loops at most at that level (engine/codec/vector_level.h), as
+//   on a CPU without AVX-512 (or AVX2): the same bytes stored, other loops timed.
 #include <fcntl.h>
 #include <openssl/evp.h>
 #include <spdlog/spdlog.h>
@@ -44,6 +47,7 @@
 #include "engine/chunk/fastcdc.h"
 #include "engine/codec/codec.h"
 #include "engine/codec/piece_codec.h"
+#include "engine/codec/vector_level.h"
 #include "engine/format/layout.h"
 #include "engine/hash/chunk_id.h"
 #include "engine/store/content_reader.h"
@@ -1181,9 +1185,21 @@ int main(int argc, char** argv) {
       }
     } else if (a == "--no-format-aware") {
       g_format_aware = false;
+    } else if (a == "--vector-level") {
+      const std::string level = next();
+      if (level == "avx512") {
+        CapCodecVectorLevelForTesting(CodecVectorLevel::kAvx512);
+      } else if (level == "avx2") {
+        CapCodecVectorLevelForTesting(CodecVectorLevel::kAvx2);
+      } else if (level == "baseline") {
+        CapCodecVectorLevelForTesting(CodecVectorLevel::kBaseline);
+      } else {
+        Die("--vector-level: avx512, avx2 or baseline");
+      }
     } else {
       Die("usage: engine_bench --v1 FILE --dir DIR [--v2 FILE] [--runs N] "
-          "[--only micro,e2e,hash,codec,chunk] [--codecs auto,lz4,...] [--no-format-aware]");
+          "[--only micro,e2e,hash,codec,chunk] [--codecs auto,lz4,...] [--no-format-aware] "
+          "[--vector-level avx512|avx2|baseline]");
     }
   }
   if (v1_path.empty() || dir.empty()) Die("--v1 and --dir are required");
@@ -1194,10 +1210,13 @@ int main(int argc, char** argv) {
   Buffer v1 = ReadWholeFile(v1_path);
   std::unique_ptr<Buffer> v2;
   if (!v2_path.empty()) v2 = std::make_unique<Buffer>(ReadWholeFile(v2_path));
-  std::printf("engine_bench: v1 %s (%.1f MB)%s, %d runs per measurement, %u CPUs\n",
-              v1_path.c_str(), v1.size() / 1e6,
-              v2 ? Fmt(", v2 %s (%.1f MB)", v2_path.c_str(), v2->size() / 1e6).c_str() : "", runs,
-              std::thread::hardware_concurrency());
+  static const char* const kLevels[] = {"baseline", "AVX2", "AVX-512"};
+  std::printf(
+      "engine_bench: v1 %s (%.1f MB)%s, %d runs per measurement, %u CPUs, codec loops at "
+      "%s\n",
+      v1_path.c_str(), v1.size() / 1e6,
+      v2 ? Fmt(", v2 %s (%.1f MB)", v2_path.c_str(), v2->size() / 1e6).c_str() : "", runs,
+      std::thread::hardware_concurrency(), kLevels[static_cast<int>(CodecVectorLevelInUse())]);
 
   TextTable main_table({"measurement", "median", "range", "vs peer / ratio", "target"});
   if (want("micro")) RunMicro(v1.bytes(), runs, &main_table);
