@@ -7,6 +7,7 @@
 #include <cstring>
 #include <optional>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #if defined(__x86_64__)
@@ -50,10 +51,10 @@ constexpr size_t kModelHeaderBytes = 8;  // period, phase
 // difference of the bit patterns is large where the weight is small (a small exponent: a fine
 // unit in the last place) and small where it is large; coded apart, each bucket's bytes have
 // less entropy than the plane's. Body: K (a byte, 2..kMaxSplitBuckets), the planes split (bit s:
-// plane s), then K - 1 increasing thresholds (bytes, >= 1). An element's bucket is the number of
-// thresholds at or below its base's magnitude byte (the 8 bits below the sign: the exponent of
-// fp32 and bf16). A split plane is stored as K segments, bucket 0's bytes first, each bucket's
-// in element order. Older containers never have it.
+// plane s), then K - 1 strictly increasing thresholds (bytes, >= 1). An element's bucket is the
+// number of thresholds at or below its base's magnitude byte (the 8 bits below the sign: the
+// exponent of fp32 and bf16). A split plane is stored as K segments, bucket 0's bytes first, each
+// bucket's in element order. Older containers never have it.
 constexpr uint8_t kSplitSegment = 0x43;
 constexpr size_t kSplitHeaderBytes = 2;  // K, planes
 constexpr size_t kMaxSplitBuckets = 8;
@@ -64,6 +65,8 @@ struct PlaneSplit {
   uint8_t buckets = 0;
   uint8_t planes = 0;
   std::array<uint8_t, kMaxSplitBuckets - 1> thresholds{};
+  // Each element's bucket: thread-local storage of PlanSplit or DecodePiece, valid until the
+  // thread's next call of either.
   const uint8_t* bucket_of = nullptr;
   std::array<size_t, kMaxSplitBuckets> counts{};
   size_t SegmentBytes() const {
@@ -782,9 +785,9 @@ inline void BucketsTyped(const std::byte* __restrict base, size_t elements,
     out[i] = static_cast<uint8_t>(BucketOf(MagnitudeOf(v), t));
   }
 }
-// The number of bytes of `bucket_of` equal to each bucket. Counted 8 bits per bucket in one
-// 64-bit word per block of 255 elements at the baseline; with a vector compare and a popcount
-// per 64 (AVX-512) or 32 (AVX2) bytes and bucket at the other levels.
+// The number of bytes of `bucket_of` equal to each bucket, at the baseline: counted 8 bits per
+// bucket in one 64-bit word per block of 255 elements. (The vector levels count the compares'
+// masks as they find the buckets: BucketsAvx512Of, BucketsAvx2Of.)
 inline void CountBucketsScalar(const uint8_t* bucket_of, size_t elements,
                                std::array<size_t, kMaxSplitBuckets>* counts) {
   counts->fill(0);
@@ -795,17 +798,43 @@ inline void CountBucketsScalar(const uint8_t* bucket_of, size_t elements,
     for (size_t b = 0; b < kMaxSplitBuckets; ++b) (*counts)[b] += (packed >> (8 * b)) & 0xff;
   }
 }
+// The counts of the buckets from `reached` (reached[j]: the elements whose magnitude byte is at
+// or above threshold j; the thresholds increase, so these do not), of `elements` in all.
+void CountsFromReached(const std::array<size_t, kMaxSplitBuckets - 1>& reached, size_t used,
+                       size_t elements, std::array<size_t, kMaxSplitBuckets>* counts) {
+  counts->fill(0);
+  (*counts)[0] = elements - (used > 0 ? reached[0] : 0);
+  for (size_t b = 1; b <= used; ++b) (*counts)[b] = reached[b - 1] - (b < used ? reached[b] : 0);
+}
+// The thresholds in use (those below 256).
+size_t UsedThresholds(const SplitThresholds& t) {
+  size_t used = 0;
+  while (used < t.size() && t[used] < 256) ++used;
+  return used;
+}
+// The tail after the vector loops, element by element; adds to `reached`.
+template <typename U>
+void BucketsTail(const std::byte* base, size_t from, size_t elements, const SplitThresholds& t,
+                 size_t used, uint8_t* out, std::array<size_t, kMaxSplitBuckets - 1>* reached) {
+  BucketsTyped<U>(base + sizeof(U) * from, elements - from, t, out + from);
+  for (size_t i = from; i < elements; ++i) {
+    for (size_t j = 0; j < used; ++j) (*reached)[j] += out[i] > j;
+  }
+}
+
 #if defined(__x86_64__)
 // A vector of elements a round: the magnitude bytes in its lanes (shifted and masked), the
 // bucket as the count of thresholds reached (a compare and a masked add each), narrowed into
-// `out`; then the counts by a compare and a popcount per 64 buckets and bucket (a second pass:
-// a vector load of bytes just stored narrowed would wait for the stores). The shifts are the
-// zero-masked forms: GCC 12 warns that the plain ones' undefined source may be uninitialised.
-CKPTFS_TARGET_AVX512 void BucketsAvx512(uint8_t width, const std::byte* base, size_t elements,
-                                        const SplitThresholds& t, uint8_t* out,
-                                        std::array<size_t, kMaxSplitBuckets>* c) {
-  size_t used = 0;
-  while (used < t.size() && t[used] < 256) ++used;
+// `out`; each compare's mask counted as it goes (a popcount: the elements at or above the
+// threshold), so that no second pass over `out` is needed. Instantiated per number of
+// thresholds in use, so that the loop over them unrolls and the counts stay in registers (a
+// count in memory, indexed at run time, made each round wait for the one before). The shifts are
+// the zero-masked forms: GCC 12 warns that the plain ones' undefined source may be uninitialised.
+template <size_t kUsed>
+CKPTFS_TARGET_AVX512 void BucketsAvx512Of(uint8_t width, const std::byte* base, size_t elements,
+                                          const SplitThresholds& t, uint8_t* out,
+                                          std::array<size_t, kMaxSplitBuckets - 1>* reached) {
+  std::array<size_t, kUsed> at_or_above{};
   size_t i = 0;
   if (width == 4) {
     const __m512i low = _mm512_set1_epi32(0xff), one = _mm512_set1_epi32(1);
@@ -813,60 +842,109 @@ CKPTFS_TARGET_AVX512 void BucketsAvx512(uint8_t width, const std::byte* base, si
       const __m512i v = _mm512_loadu_si512(base + 4 * i);
       const __m512i m = _mm512_and_si512(_mm512_maskz_srli_epi32(0xffff, v, 23), low);
       __m512i ids = _mm512_setzero_si512();
-      for (size_t j = 0; j < used; ++j) {
-        const __mmask16 reached = _mm512_cmpge_epu32_mask(m, _mm512_set1_epi32(t[j]));
-        ids = _mm512_mask_add_epi32(ids, reached, ids, one);
+      for (size_t j = 0; j < kUsed; ++j) {
+        const __mmask16 k = _mm512_cmpge_epu32_mask(m, _mm512_set1_epi32(t[j]));
+        ids = _mm512_mask_add_epi32(ids, k, ids, one);
+        at_or_above[j] += static_cast<size_t>(__builtin_popcount(k));
       }
       _mm512_mask_cvtepi32_storeu_epi8(out + i, 0xffff, ids);
     }
-    BucketsTyped<uint32_t>(base + 4 * i, elements - i, t, out + i);
   } else {
     const __m512i low = _mm512_set1_epi16(0xff), one = _mm512_set1_epi16(1);
     for (; i + 32 <= elements; i += 32) {
       const __m512i v = _mm512_loadu_si512(base + 2 * i);
       const __m512i m = _mm512_and_si512(_mm512_maskz_srli_epi16(~__mmask32{0}, v, 7), low);
       __m512i ids = _mm512_setzero_si512();
-      for (size_t j = 0; j < used; ++j) {
-        const __mmask32 reached =
+      for (size_t j = 0; j < kUsed; ++j) {
+        const __mmask32 k =
             _mm512_cmpge_epu16_mask(m, _mm512_set1_epi16(static_cast<int16_t>(t[j])));
-        ids = _mm512_mask_add_epi16(ids, reached, ids, one);
+        ids = _mm512_mask_add_epi16(ids, k, ids, one);
+        at_or_above[j] += static_cast<size_t>(__builtin_popcount(k));
       }
       _mm512_mask_cvtepi16_storeu_epi8(out + i, ~__mmask32{0}, ids);
     }
-    BucketsTyped<uint16_t>(base + 2 * i, elements - i, t, out + i);
   }
-  std::array<size_t, kMaxSplitBuckets> counts{};
-  for (i = 0; i + 64 <= elements; i += 64) {
-    const __m512i ids = _mm512_loadu_si512(out + i);
-    for (size_t b = 0; b <= used; ++b) {
-      counts[b] += static_cast<size_t>(
-          _mm_popcnt_u64(_mm512_cmpeq_epi8_mask(ids, _mm512_set1_epi8(static_cast<char>(b)))));
-    }
-  }
-  for (; i < elements; ++i) ++counts[out[i]];
-  *c = counts;
-}
-CKPTFS_TARGET_AVX2 void BucketsAvx2(uint8_t width, const std::byte* base, size_t elements,
-                                    const SplitThresholds& t, uint8_t* out,
-                                    std::array<size_t, kMaxSplitBuckets>* c) {
+  for (size_t j = 0; j < kUsed; ++j) (*reached)[j] = at_or_above[j];
   if (width == 4) {
-    BucketsTyped<uint32_t>(base, elements, t, out);
+    BucketsTail<uint32_t>(base, i, elements, t, kUsed, out, reached);
   } else {
-    BucketsTyped<uint16_t>(base, elements, t, out);
+    BucketsTail<uint16_t>(base, i, elements, t, kUsed, out, reached);
   }
-  std::array<size_t, kMaxSplitBuckets> counts{};
+}
+// The same with AVX2, 32 elements a round: magnitudes 0..255 compared signed (greater than the
+// threshold less one), the -1s of each compare subtracted into the ids and counted from its
+// movemask; the ids packed to bytes and their lanes put back in element order.
+template <size_t kUsed>
+CKPTFS_TARGET_AVX2 void BucketsAvx2Of(uint8_t width, const std::byte* base, size_t elements,
+                                      const SplitThresholds& t, uint8_t* out,
+                                      std::array<size_t, kMaxSplitBuckets - 1>* reached) {
+  std::array<size_t, kUsed> at_or_above{};
   size_t i = 0;
-  for (; i + 32 <= elements; i += 32) {
-    const __m256i ids = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(out + i));
-    for (size_t b = 0; b < kMaxSplitBuckets; ++b) {
-      const __m256i eq = _mm256_cmpeq_epi8(ids, _mm256_set1_epi8(static_cast<char>(b)));
-      counts[b] +=
-          static_cast<size_t>(__builtin_popcount(static_cast<uint32_t>(_mm256_movemask_epi8(eq))));
+  if (width == 4) {
+    const __m256i low = _mm256_set1_epi32(0xff);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (; i + 32 <= elements; i += 32) {
+      __m256i ids[4];
+      for (int q = 0; q < 4; ++q) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + 4 * i) + q);
+        const __m256i m = _mm256_and_si256(_mm256_srli_epi32(v, 23), low);
+        ids[q] = _mm256_setzero_si256();
+        for (size_t j = 0; j < kUsed; ++j) {
+          const __m256i k = _mm256_cmpgt_epi32(m, _mm256_set1_epi32(static_cast<int>(t[j]) - 1));
+          ids[q] = _mm256_sub_epi32(ids[q], k);
+          at_or_above[j] += static_cast<size_t>(__builtin_popcount(
+              static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(k)))));
+        }
+      }
+      // packs: [a0-3 b0-3 a4-7 b4-7] and [c.. d..], then bytes [a0-3 b0-3 c0-3 d0-3 a4-7 ...].
+      const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(ids[0], ids[1]),
+                                               _mm256_packs_epi32(ids[2], ids[3]));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
+                          _mm256_permutevar8x32_epi32(bytes, order));
+    }
+  } else {
+    const __m256i low = _mm256_set1_epi16(0xff);
+    for (; i + 32 <= elements; i += 32) {
+      __m256i ids[2];
+      for (int q = 0; q < 2; ++q) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + 2 * i) + q);
+        const __m256i m = _mm256_and_si256(_mm256_srli_epi16(v, 7), low);
+        ids[q] = _mm256_setzero_si256();
+        for (size_t j = 0; j < kUsed; ++j) {
+          const __m256i k =
+              _mm256_cmpgt_epi16(m, _mm256_set1_epi16(static_cast<int16_t>(t[j] - 1)));
+          ids[q] = _mm256_sub_epi16(ids[q], k);
+          // Two mask bits per element.
+          at_or_above[j] += static_cast<size_t>(
+              __builtin_popcount(static_cast<uint32_t>(_mm256_movemask_epi8(k))) / 2);
+        }
+      }
+      // packus: [a0-7 b0-7 a8-15 b8-15], then the 64-bit quarters in element order.
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
+                          _mm256_permute4x64_epi64(_mm256_packus_epi16(ids[0], ids[1]), 0xd8));
     }
   }
-  for (; i < elements; ++i) ++counts[out[i]];
-  *c = counts;
+  for (size_t j = 0; j < kUsed; ++j) (*reached)[j] = at_or_above[j];
+  if (width == 4) {
+    BucketsTail<uint32_t>(base, i, elements, t, kUsed, out, reached);
+  } else {
+    BucketsTail<uint16_t>(base, i, elements, t, kUsed, out, reached);
+  }
 }
+using BucketsFn = void (*)(uint8_t, const std::byte*, size_t, const SplitThresholds&, uint8_t*,
+                           std::array<size_t, kMaxSplitBuckets - 1>*);
+template <size_t... k>
+constexpr std::array<BucketsFn, sizeof...(k)> BucketsAvx512Table(std::index_sequence<k...>) {
+  return {&BucketsAvx512Of<k + 1>...};
+}
+template <size_t... k>
+constexpr std::array<BucketsFn, sizeof...(k)> BucketsAvx2Table(std::index_sequence<k...>) {
+  return {&BucketsAvx2Of<k + 1>...};
+}
+// Entry used - 1: the loops for `used` thresholds (1 .. kMaxSplitBuckets - 1).
+constexpr auto kBucketsAvx512 =
+    BucketsAvx512Table(std::make_index_sequence<kMaxSplitBuckets - 1>());
+constexpr auto kBucketsAvx2 = BucketsAvx2Table(std::make_index_sequence<kMaxSplitBuckets - 1>());
 #endif
 
 // Each element's bucket under `split` (its thresholds and bucket count set) from the base's
@@ -877,11 +955,12 @@ void BucketElements(uint8_t width, const std::byte* base, size_t elements, Plane
   split->bucket_of = bucket_of;
 #if defined(__x86_64__)
   const CodecVectorLevel level = CodecVectorLevelInUse();
-  if (level == CodecVectorLevel::kAvx512) {
-    return BucketsAvx512(width, base, elements, t, bucket_of, &split->counts);
-  }
-  if (level == CodecVectorLevel::kAvx2) {
-    return BucketsAvx2(width, base, elements, t, bucket_of, &split->counts);
+  const size_t used = UsedThresholds(t);
+  if (level != CodecVectorLevel::kBaseline && used > 0) {
+    std::array<size_t, kMaxSplitBuckets - 1> reached{};
+    (level == CodecVectorLevel::kAvx512 ? kBucketsAvx512 : kBucketsAvx2)[used - 1](
+        width, base, elements, t, bucket_of, &reached);
+    return CountsFromReached(reached, used, elements, &split->counts);
   }
 #endif
   if (width == 4) {
@@ -1129,9 +1208,9 @@ PlaneSplit PlanSplit(uint8_t width, const std::byte* base, const std::byte* plan
     split.buckets = 0;
     return split;
   }
-  thread_local Buffer buckets;
-  buckets.Resize(elements);
-  BucketElements(width, base, elements, &split, reinterpret_cast<uint8_t*>(buckets.data()));
+  thread_local Buffer bucket_ids;
+  bucket_ids.Resize(elements);
+  BucketElements(width, base, elements, &split, reinterpret_cast<uint8_t*>(bucket_ids.data()));
   return split;
 }
 
@@ -1465,13 +1544,15 @@ Status UnpackSegments(uint8_t width, Bytes stored, MutableBytes scratch, int cop
     MutableBytes segment =
         s < width ? scratch.subspan(s * elements, elements) : scratch.subspan(width * elements);
     if (s < width && (split.planes >> s & 1) != 0) {
-      thread_local Buffer buckets;  // with 64 bytes after them for ScatterBuckets
-      buckets.Resize(elements + 64);
+      thread_local Buffer bucket_bytes;  // with 64 bytes after them for ScatterBuckets
+      bucket_bytes.Resize(elements + 64);
       std::array<const uint8_t*, kMaxSplitBuckets> from{};
       for (size_t b = 0, at = 0; b < split.buckets; at += split.counts[b], ++b) {
-        CKPTFS_RETURN_IF_ERROR(UnpackSegment(stored, &pos,
-                                             buckets.mutable_bytes().subspan(at, split.counts[b]),
-                                             /*copy=*/true, &prefetch, &from[b]));
+        // Copied even where stored raw: ScatterBuckets reads up to 64 bytes past a bucket's
+        // bytes, which inside `stored` could be past the record's end.
+        CKPTFS_RETURN_IF_ERROR(
+            UnpackSegment(stored, &pos, bucket_bytes.mutable_bytes().subspan(at, split.counts[b]),
+                          /*copy=*/true, &prefetch, &from[b]));
       }
       ScatterBuckets(split, from, elements, reinterpret_cast<uint8_t*>(segment.data()));
       (*planes)[s] = reinterpret_cast<const uint8_t*>(segment.data());
@@ -1681,10 +1762,10 @@ Status DecodePiece(const PieceEncoding& encoding, Bytes stored, Bytes base, Muta
   if (encoding.transform == Transform::kSub && !stored.empty() &&
       static_cast<uint8_t>(stored[0]) == kSplitSegment) {
     CKPTFS_ASSIGN_OR_RETURN(size_t len, ReadSplit(encoding.width, stored, &split));
-    thread_local Buffer buckets;
-    buckets.Resize(elements);
+    thread_local Buffer bucket_ids;
+    bucket_ids.Resize(elements);
     BucketElements(encoding.width, base.data(), elements, &split,
-                   reinterpret_cast<uint8_t*>(buckets.data()));
+                   reinterpret_cast<uint8_t*>(bucket_ids.data()));
     stored = stored.subspan(len);
   }
   bool rotated = false;

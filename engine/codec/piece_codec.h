@@ -27,12 +27,13 @@
 // kind 0x42 (after 0x41, if any) with the row length, the phase and the terms, and the top
 // plane holds the residual. Older containers never have it.
 //
-// Sub of width 2 or 4 may store a high plane split by the base's magnitude: each element falls
+// Sub of width 2 or 4 may store planes split by the base's magnitude (the encoder splits fp32's
+// top two and bf16/fp16's two; the decoder reads any plane below the width): each element falls
 // in one of K buckets by the 8 bits below its base's sign (the exponent of fp32 and bf16), and
-// the plane is stored as K segments, one per bucket (an optimizer step moves every weight by
+// a split plane is stored as K segments, one per bucket (an optimizer step moves every weight by
 // about as much, so the difference's bytes follow the weight's size). The container then holds a
-// segment of kind 0x43 (after 0x40, if any) with K, the planes split and K - 1 thresholds. Older
-// containers never have it.
+// segment of kind 0x43 (after 0x40, if any) with K (2..8), the planes split (a non-empty mask)
+// and K - 1 strictly increasing thresholds. Older containers never have it.
 //
 // With the entropy stage (the default) EncodePiece uses sub for tensors with a base and planes
 // without one (tried per piece: only whether the scaled prediction beats plain sub, on a
