@@ -203,6 +203,10 @@ max_len() {
 
 for t in "${selected[@]}"; do
   seeds="$build/seeds/$t"
+  # piece_codec's seeds are what its binary's encoder writes: written again when it is rebuilt.
+  if [ "$t" = piece_codec ] && [ -d "$seeds" ] && [ "$build/${t}_fuzz" -nt "$seeds" ]; then
+    rm -rf "$seeds"
+  fi
   if [ ! -d "$seeds" ]; then
     rm -rf "$seeds.tmp"
     seed "$t" "$seeds.tmp"

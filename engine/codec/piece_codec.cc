@@ -782,20 +782,25 @@ inline uint32_t BucketOf(uint32_t magnitude, const SplitThresholds& t) {
 template <typename U, size_t kUsed>
 void BucketsScalarOf(const std::byte* __restrict base, size_t elements, const SplitThresholds& t,
                      uint8_t* __restrict out, std::array<size_t, kMaxSplitBuckets - 1>* reached) {
-  std::array<uint32_t, kUsed> at_or_above{};  // a piece has fewer than 2^32 elements
-  for (size_t i = 0; i < elements; ++i) {
-    U v;
-    std::memcpy(&v, base + sizeof(U) * i, sizeof(U));
-    const uint32_t magnitude = MagnitudeOf(v);
-    uint32_t b = 0;
-    for (size_t j = 0; j < kUsed; ++j) {
-      const uint32_t k = magnitude >= t[j];
-      b += k;
-      at_or_above[j] += k;
+  for (size_t j = 0; j < kUsed; ++j) (*reached)[j] = 0;
+  // Counted in 32 bits (the lanes the compiler vectorises with), so in blocks of 2^31 elements.
+  for (size_t from = 0; from < elements; from += size_t{1} << 31) {
+    const size_t to = std::min(elements, from + (size_t{1} << 31));
+    std::array<uint32_t, kUsed> at_or_above{};
+    for (size_t i = from; i < to; ++i) {
+      U v;
+      std::memcpy(&v, base + sizeof(U) * i, sizeof(U));
+      const uint32_t magnitude = MagnitudeOf(v);
+      uint32_t b = 0;
+      for (size_t j = 0; j < kUsed; ++j) {
+        const uint32_t k = magnitude >= t[j];
+        b += k;
+        at_or_above[j] += k;
+      }
+      out[i] = static_cast<uint8_t>(b);
     }
-    out[i] = static_cast<uint8_t>(b);
+    for (size_t j = 0; j < kUsed; ++j) (*reached)[j] += at_or_above[j];
   }
-  for (size_t j = 0; j < kUsed; ++j) (*reached)[j] = at_or_above[j];
 }
 using BucketsScalarFn = void (*)(const std::byte*, size_t, const SplitThresholds&, uint8_t*,
                                  std::array<size_t, kMaxSplitBuckets - 1>*);

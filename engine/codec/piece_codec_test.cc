@@ -1012,69 +1012,86 @@ void PutRawSegment(const std::vector<uint8_t>& bytes, std::vector<uint8_t>* out)
 // The encoder splits into 4 buckets; a container may hold 2..8, and the decoder finds each
 // element's bucket with loops made per number of thresholds. Containers built here from given
 // planes, split by the container's own rule (the base element's magnitude byte at or above each
-// threshold), decode at every vector level to what the same planes give unsplit, for every
-// bucket count, widths 4 and 2, with a rest after the vector rounds and a tail.
+// threshold), decode at every vector level to what the same planes give unsplit: every bucket
+// count with spread thresholds and with consecutive ones from 1, widths 4 and 2, lengths with
+// and without vector rounds, a rest after them and a tail.
 TEST(PieceCodecTest, SplitContainersOfEveryBucketCountDecodeAsTheirPlanes) {
+  struct RestoreCap {
+    CodecVectorLevel was = CapCodecVectorLevelForTesting(CodecVectorLevel::kAvx512);
+    ~RestoreCap() { CapCodecVectorLevelForTesting(was); }
+  } restore;
   std::mt19937_64 rng(21);
-  const CodecVectorLevel widest = CapCodecVectorLevelForTesting(CodecVectorLevel::kAvx512);
   for (uint8_t width : {4, 2}) {
-    const size_t elements = (16 << 10) + 45, size = elements * width + width - 1;
-    std::vector<uint8_t> base(size), planes(size);  // planes: plane s at s * elements, then tail
-    for (auto& b : base) b = static_cast<uint8_t>(rng());
-    for (auto& b : planes) b = static_cast<uint8_t>(rng());
-    std::vector<uint8_t> unsplit;
-    for (size_t s = 0; s <= width; ++s) {
-      const size_t from = s * elements, to = s < width ? from + elements : size;
-      PutRawSegment({planes.begin() + from, planes.begin() + to}, &unsplit);
-    }
-    Buffer expected(size);
-    ASSERT_TRUE(DecodePiece({Transform::kSub, width, Codec::kNone},
-                            ToBuffer(unsplit.data(), unsplit.size()).bytes(),
-                            ToBuffer(base.data(), base.size()).bytes(), expected.mutable_bytes())
-                    .ok());
-    for (size_t buckets = 2; buckets <= 8; ++buckets) {
-      SCOPED_TRACE(std::to_string(width) + " bytes, " + std::to_string(buckets) + " buckets");
-      std::vector<uint8_t> thresholds;  // strictly increasing, 1..255, the last one 255 at 8
-      for (size_t b = 1; b < buckets; ++b) thresholds.push_back(static_cast<uint8_t>(b * 255 / 7));
-      const uint8_t mask =
-          buckets % 2 == 0 ? uint8_t(1u << (width - 1)) : uint8_t(0b11 << (width - 2));
-      std::vector<uint8_t> c = {0x43, static_cast<uint8_t>(1 + buckets), 0,   0,
-                                0,    static_cast<uint8_t>(buckets),     mask};
-      c.insert(c.end(), thresholds.begin(), thresholds.end());
-      for (size_t s = 0; s <= width; ++s) {
-        const size_t from = s * elements, to = s < width ? from + elements : size;
-        if (s == width || (mask >> s & 1) == 0) {
-          PutRawSegment({planes.begin() + from, planes.begin() + to}, &c);
-          continue;
+    for (size_t elements : {size_t{(16 << 10) + 45}, size_t{64}, size_t{31}, size_t{1}}) {
+      for (uint8_t tail : {uint8_t{0}, static_cast<uint8_t>(width - 1)}) {
+        const size_t size = elements * width + tail;
+        // planes: plane s at s * elements, then the tail
+        std::vector<uint8_t> base(size), planes(size);
+        for (auto& b : base) b = static_cast<uint8_t>(rng());
+        for (auto& b : planes) b = static_cast<uint8_t>(rng());
+        std::vector<uint8_t> unsplit;
+        for (size_t s = 0; s <= width; ++s) {
+          const size_t from = s * elements, to = s < width ? from + elements : size;
+          PutRawSegment({planes.begin() + from, planes.begin() + to}, &unsplit);
         }
-        for (size_t bucket = 0; bucket < buckets; ++bucket) {
-          std::vector<uint8_t> bytes;
-          for (size_t i = 0; i < elements; ++i) {
-            // The magnitude byte: the 8 bits below the sign of the little-endian element.
-            const uint32_t top =
-                uint32_t{base[i * width + width - 1]} << 8 | base[i * width + width - 2];
-            const uint8_t magnitude = static_cast<uint8_t>(top >> 7);
-            size_t in = 0;
-            for (uint8_t t : thresholds) in += magnitude >= t;
-            if (in == bucket) bytes.push_back(planes[from + i]);
-          }
-          PutRawSegment(bytes, &c);
-        }
-      }
-      for (auto level :
-           {CodecVectorLevel::kBaseline, CodecVectorLevel::kAvx2, CodecVectorLevel::kAvx512}) {
-        CapCodecVectorLevelForTesting(level);
-        Buffer out(size);
+        Buffer expected(size);
         ASSERT_TRUE(DecodePiece({Transform::kSub, width, Codec::kNone},
-                                ToBuffer(c.data(), c.size()).bytes(),
-                                ToBuffer(base.data(), base.size()).bytes(), out.mutable_bytes())
-                        .ok())
-            << static_cast<int>(level);
-        EXPECT_TRUE(SameBytes(out.data(), expected.data(), size)) << static_cast<int>(level);
+                                ToBuffer(unsplit.data(), unsplit.size()).bytes(),
+                                ToBuffer(base.data(), base.size()).bytes(),
+                                expected.mutable_bytes())
+                        .ok());
+        for (size_t buckets = 2; buckets <= 8; ++buckets) {
+          for (bool consecutive : {false, true}) {
+            SCOPED_TRACE(std::to_string(width) + " bytes, " + std::to_string(elements) +
+                         " elements, " + std::to_string(buckets) + " buckets" +
+                         (consecutive ? " from 1" : ""));
+            std::vector<uint8_t> thresholds;  // strictly increasing in 1..255
+            for (size_t b = 1; b < buckets; ++b) {
+              thresholds.push_back(static_cast<uint8_t>(consecutive ? b : b * 255 / 7));
+            }
+            const uint8_t mask = buckets % 2 == 0 ? static_cast<uint8_t>(1u << (width - 1))
+                                                  : static_cast<uint8_t>(0b11 << (width - 2));
+            std::vector<uint8_t> c = {0x43, static_cast<uint8_t>(1 + buckets), 0,   0,
+                                      0,    static_cast<uint8_t>(buckets),     mask};
+            c.insert(c.end(), thresholds.begin(), thresholds.end());
+            for (size_t s = 0; s <= width; ++s) {
+              const size_t from = s * elements, to = s < width ? from + elements : size;
+              if (s == width || (mask >> s & 1) == 0) {
+                PutRawSegment({planes.begin() + from, planes.begin() + to}, &c);
+                continue;
+              }
+              for (size_t bucket = 0; bucket < buckets; ++bucket) {
+                std::vector<uint8_t> bytes;
+                for (size_t i = 0; i < elements; ++i) {
+                  // The magnitude byte: the 8 bits below the sign of the little-endian element.
+                  const uint32_t top =
+                      uint32_t{base[i * width + width - 1]} << 8 | base[i * width + width - 2];
+                  const uint8_t magnitude = static_cast<uint8_t>(top >> 7);
+                  size_t in = 0;
+                  for (uint8_t t : thresholds) in += magnitude >= t;
+                  if (in == bucket) bytes.push_back(planes[from + i]);
+                }
+                PutRawSegment(bytes, &c);
+              }
+            }
+            for (auto level : {CodecVectorLevel::kBaseline, CodecVectorLevel::kAvx2,
+                               CodecVectorLevel::kAvx512}) {
+              CapCodecVectorLevelForTesting(level);
+              SCOPED_TRACE("level in use " +
+                           std::to_string(static_cast<int>(CodecVectorLevelInUse())));
+              Buffer out(size);
+              ASSERT_TRUE(DecodePiece({Transform::kSub, width, Codec::kNone},
+                                      ToBuffer(c.data(), c.size()).bytes(),
+                                      ToBuffer(base.data(), base.size()).bytes(),
+                                      out.mutable_bytes())
+                              .ok());
+              EXPECT_TRUE(SameBytes(out.data(), expected.data(), size));
+            }
+          }
+        }
       }
     }
   }
-  CapCodecVectorLevelForTesting(widest);
 }
 
 }  // namespace
