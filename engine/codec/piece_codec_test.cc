@@ -1034,12 +1034,14 @@ TEST(PieceCodecTest, SplitContainersOfEveryBucketCountDecodeAsTheirPlanes) {
           const size_t from = s * elements, to = s < width ? from + elements : size;
           PutRawSegment({planes.begin() + from, planes.begin() + to}, &unsplit);
         }
+        const Buffer base_bytes = ToBuffer(base.data(), base.size());
+        auto decode = [&](const std::vector<uint8_t>& container, Buffer* out) {
+          return DecodePiece({Transform::kSub, width, Codec::kNone},
+                             ToBuffer(container.data(), container.size()).bytes(),
+                             base_bytes.bytes(), out->mutable_bytes());
+        };
         Buffer expected(size);
-        ASSERT_TRUE(DecodePiece({Transform::kSub, width, Codec::kNone},
-                                ToBuffer(unsplit.data(), unsplit.size()).bytes(),
-                                ToBuffer(base.data(), base.size()).bytes(),
-                                expected.mutable_bytes())
-                        .ok());
+        ASSERT_TRUE(decode(unsplit, &expected).ok());
         for (size_t buckets = 2; buckets <= 8; ++buckets) {
           for (bool consecutive : {false, true}) {
             SCOPED_TRACE(std::to_string(width) + " bytes, " + std::to_string(elements) +
@@ -1080,11 +1082,7 @@ TEST(PieceCodecTest, SplitContainersOfEveryBucketCountDecodeAsTheirPlanes) {
               SCOPED_TRACE("level in use " +
                            std::to_string(static_cast<int>(CodecVectorLevelInUse())));
               Buffer out(size);
-              ASSERT_TRUE(DecodePiece({Transform::kSub, width, Codec::kNone},
-                                      ToBuffer(c.data(), c.size()).bytes(),
-                                      ToBuffer(base.data(), base.size()).bytes(),
-                                      out.mutable_bytes())
-                              .ok());
+              ASSERT_TRUE(decode(c, &out).ok());
               EXPECT_TRUE(SameBytes(out.data(), expected.data(), size));
             }
           }
