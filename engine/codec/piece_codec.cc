@@ -827,12 +827,18 @@ size_t UsedThresholds(const SplitThresholds& t) {
   while (used < t.size() && t[used] < 256) ++used;
   return used;
 }
-// The tail after the vector loops; adds to `reached`.
-template <typename U, size_t kUsed>
-void BucketsTail(const std::byte* base, size_t from, size_t elements, const SplitThresholds& t,
-                 uint8_t* out, std::array<size_t, kMaxSplitBuckets - 1>* reached) {
+// The elements from `from` on (the tail after the vector loops) with the scalar loop; adds to
+// `reached`.
+template <size_t kUsed>
+void BucketsTail(uint8_t width, const std::byte* base, size_t from, size_t elements,
+                 const SplitThresholds& t, uint8_t* out,
+                 std::array<size_t, kMaxSplitBuckets - 1>* reached) {
   std::array<size_t, kMaxSplitBuckets - 1> tail{};
-  BucketsScalarOf<U, kUsed>(base + sizeof(U) * from, elements - from, t, out + from, &tail);
+  if (width == 4) {
+    BucketsScalarOf<uint32_t, kUsed>(base + 4 * from, elements - from, t, out + from, &tail);
+  } else {
+    BucketsScalarOf<uint16_t, kUsed>(base + 2 * from, elements - from, t, out + from, &tail);
+  }
   for (size_t j = 0; j < kUsed; ++j) (*reached)[j] += tail[j];
 }
 
@@ -879,11 +885,7 @@ CKPTFS_TARGET_AVX512 void BucketsAvx512Of(uint8_t width, const std::byte* base, 
     }
   }
   for (size_t j = 0; j < kUsed; ++j) (*reached)[j] = at_or_above[j];
-  if (width == 4) {
-    BucketsTail<uint32_t, kUsed>(base, i, elements, t, out, reached);
-  } else {
-    BucketsTail<uint16_t, kUsed>(base, i, elements, t, out, reached);
-  }
+  BucketsTail<kUsed>(width, base, i, elements, t, out, reached);
 }
 // The same with AVX2, 32 elements a round: magnitudes 0..255 compared signed (greater than the
 // threshold less one), the -1s of each compare subtracted into the ids and counted from its
@@ -939,11 +941,7 @@ CKPTFS_TARGET_AVX2 void BucketsAvx2Of(uint8_t width, const std::byte* base, size
     }
   }
   for (size_t j = 0; j < kUsed; ++j) (*reached)[j] = at_or_above[j];
-  if (width == 4) {
-    BucketsTail<uint32_t, kUsed>(base, i, elements, t, out, reached);
-  } else {
-    BucketsTail<uint16_t, kUsed>(base, i, elements, t, out, reached);
-  }
+  BucketsTail<kUsed>(width, base, i, elements, t, out, reached);
 }
 using BucketsFn = void (*)(uint8_t, const std::byte*, size_t, const SplitThresholds&, uint8_t*,
                            std::array<size_t, kMaxSplitBuckets - 1>*);
