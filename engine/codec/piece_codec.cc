@@ -1509,10 +1509,11 @@ void PackSegments(const CodecSpec& spec, uint8_t width, Bytes planes, bool delta
 }
 
 // Reads the segment at `*pos` of `stored` (advancing `*pos`), of `segment.size()` bytes once
-// decoded: one stored raw is pointed at where it lies in `stored` (unless `copy`), the others are
+// decoded: one stored raw is pointed at where it lies in `stored` (unless `copy`, or fewer than
+// `overread` bytes of `stored` follow it: its reader loads that far past its end), the others are
 // decoded into `segment`; where the bytes are, into *at.
-Status UnpackSegment(Bytes stored, size_t* pos, MutableBytes segment, bool copy, Bytes* prefetch,
-                     const uint8_t** at) {
+Status UnpackSegment(Bytes stored, size_t* pos, MutableBytes segment, bool copy, size_t overread,
+                     Bytes* prefetch, const uint8_t** at) {
   if (stored.size() - *pos < kSegmentHeaderBytes) {
     return Status::Corruption("piece: plane header is truncated");
   }
@@ -1527,7 +1528,7 @@ Status UnpackSegment(Bytes stored, size_t* pos, MutableBytes segment, bool copy,
   *at = reinterpret_cast<const uint8_t*>(segment.data());
   if (static_cast<Codec>(codec) == Codec::kNone) {
     if (body.size() != segment.size()) return Status::Corruption("piece: plane size mismatch");
-    if (copy) {
+    if (copy || stored.size() - *pos < overread) {
       if (!body.empty()) std::memcpy(segment.data(), body.data(), body.size());
     } else {
       *at = reinterpret_cast<const uint8_t*>(body.data());
@@ -1562,18 +1563,18 @@ Status UnpackSegments(uint8_t width, Bytes stored, MutableBytes scratch, int cop
       bucket_bytes.Resize(elements + 64);
       std::array<const uint8_t*, kMaxSplitBuckets> from{};
       for (size_t b = 0, at = 0; b < split.buckets; at += split.counts[b], ++b) {
-        // Copied even where stored raw: ScatterBuckets reads up to 64 bytes past a bucket's
-        // bytes, which inside `stored` could be past the record's end.
+        // ScatterBuckets loads up to 64 bytes past a bucket's bytes: one stored raw is read in
+        // place unless it ends within 64 bytes of the record's end.
         CKPTFS_RETURN_IF_ERROR(
             UnpackSegment(stored, &pos, bucket_bytes.mutable_bytes().subspan(at, split.counts[b]),
-                          /*copy=*/true, &prefetch, &from[b]));
+                          /*copy=*/false, /*overread=*/64, &prefetch, &from[b]));
       }
       ScatterBuckets(split, from, elements, reinterpret_cast<uint8_t*>(segment.data()));
       (*planes)[s] = reinterpret_cast<const uint8_t*>(segment.data());
       continue;
     }
     CKPTFS_RETURN_IF_ERROR(UnpackSegment(stored, &pos, segment, static_cast<int>(s) == copy_plane,
-                                         &prefetch, &(*planes)[s]));
+                                         /*overread=*/0, &prefetch, &(*planes)[s]));
   }
   if (pos != stored.size()) return Status::Corruption("piece: trailing bytes after the planes");
   return Status::OK();
