@@ -90,6 +90,31 @@ std::string Fmt(const char* fmt, ...) {
   return buf;
 }
 
+// The CPU, as /proc/cpuinfo names it, with its family and model numbers (a VM's "AMD EPYC" says
+// neither the generation nor the core; speeds per core are only comparable on the same one).
+std::string CpuName() {
+  std::string name = "unknown CPU", family, model;
+  FILE* f = std::fopen("/proc/cpuinfo", "r");
+  if (f == nullptr) return name;
+  char line[512];
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    std::string l(line);
+    const size_t colon = l.find(':');
+    if (colon == std::string::npos) continue;
+    std::string key = l.substr(0, l.find_last_not_of(" \t", colon - 1) + 1);
+    std::string value = l.substr(std::min(l.size(), colon + 2));
+    while (!value.empty() && (value.back() == '\n' || value.back() == ' ')) value.pop_back();
+    if (key == "model name") name = value;
+    if (key == "cpu family") family = value;
+    if (key == "model") model = value;
+    if (key == "processor" && value != "0") break;  // the first CPU's lines only
+  }
+  std::fclose(f);
+  return family.empty()
+             ? name
+             : Fmt("%s (family %s model %s)", name.c_str(), family.c_str(), model.c_str());
+}
+
 double Seconds(const std::function<void()>& fn) {
   auto t0 = Clock::now();
   fn();
@@ -1212,11 +1237,12 @@ int main(int argc, char** argv) {
   if (!v2_path.empty()) v2 = std::make_unique<Buffer>(ReadWholeFile(v2_path));
   static const char* const kLevels[] = {"baseline", "AVX2", "AVX-512"};
   std::printf(
-      "engine_bench: v1 %s (%.1f MB)%s, %d runs per measurement, %u CPUs, codec loops at "
-      "%s\n",
+      "engine_bench: v1 %s (%.1f MB)%s, %d runs per measurement, %u CPUs (%s), codec loops "
+      "at %s\n",
       v1_path.c_str(), v1.size() / 1e6,
       v2 ? Fmt(", v2 %s (%.1f MB)", v2_path.c_str(), v2->size() / 1e6).c_str() : "", runs,
-      std::thread::hardware_concurrency(), kLevels[static_cast<int>(CodecVectorLevelInUse())]);
+      std::thread::hardware_concurrency(), CpuName().c_str(),
+      kLevels[static_cast<int>(CodecVectorLevelInUse())]);
 
   TextTable main_table({"measurement", "median", "range", "vs peer / ratio", "target"});
   if (want("micro")) RunMicro(v1.bytes(), runs, &main_table);

@@ -81,6 +81,26 @@ def run(argv, env=None, cwd=None, quiet=True):
     return p.stdout
 
 
+def cpu_name():
+    """The CPU as /proc/cpuinfo names it, with its family and model (a VM's "AMD EPYC" says
+    neither the generation nor the core): ingest times are only comparable on the same one."""
+    info = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "processor" and value.strip() != "0":
+                    break
+                info.setdefault(key, value.strip())
+    except OSError:
+        return "unknown CPU"
+    name = info.get("model name", "unknown CPU")
+    if "cpu family" in info:
+        name += f" (family {info['cpu family']} model {info.get('model', '?')})"
+    return name
+
+
 def timed(argvs, env=None, cwd=None):
     """Runs the commands in sequence; wall seconds for all of them."""
     t = time.monotonic()
@@ -531,7 +551,7 @@ def main():
         "restic": " ".join(run(["restic", "version"]).split()[:2]),
         "borg": run(["borg", "--version"]).strip(),
     }
-    log(f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}; " + "; ".join(
+    log(f"{os.cpu_count()} CPUs ({cpu_name()}), load {os.getloadavg()[0]:.2f}; " + "; ".join(
         f"{k}: {v}" for k, v in versions.items()))
     results = []
     for name, tdir, vs in trajs:
@@ -542,7 +562,7 @@ def main():
           f"{versions['zstd']}; {versions['restic']} (repository v2, compression auto); "
           f"{versions['borg']} "
           f"(--compression {args.borg_compression}); load at the end "
-          f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+          f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs ({cpu_name()})")
     table(results, args)
     lines, bad = readback_lines(results)
     print("\nRead-back (run 1's store, default-options mount, against BLAKE2b of the source "
