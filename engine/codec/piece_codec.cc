@@ -1124,7 +1124,8 @@ void GatherBuckets(const PlaneSplit& split, const uint8_t* __restrict plane, siz
   const uint8_t* __restrict bucket_of = split.bucket_of;
   for (size_t i = 0; i < elements; ++i) *to[bucket_of[i]]++ = plane[i];
 }
-// `from`: each bucket's bytes, all in one buffer with 64 readable bytes after the last.
+// `from`: each bucket's bytes, with 64 readable bytes after each bucket's (in the record, or in a
+// buffer of their own: UnpackSegments).
 void ScatterBuckets(const PlaneSplit& split,
                     const std::array<const uint8_t*, kMaxSplitBuckets>& from, size_t elements,
                     uint8_t* __restrict plane) {

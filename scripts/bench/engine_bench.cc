@@ -94,6 +94,7 @@ std::string Fmt(const char* fmt, ...) {
 // neither the generation nor the core; speeds per core are only comparable on the same one).
 std::string CpuName() {
   std::string name = "unknown CPU", family, model;
+  int processors = 0;
   FILE* f = std::fopen("/proc/cpuinfo", "r");
   if (f == nullptr) return name;
   char line[512];
@@ -107,7 +108,7 @@ std::string CpuName() {
     if (key == "model name") name = value;
     if (key == "cpu family") family = value;
     if (key == "model") model = value;
-    if (key == "processor" && value != "0") break;  // the first CPU's lines only
+    if (key == "processor" && processors++ > 0) break;  // the first CPU's lines only
   }
   std::fclose(f);
   return family.empty()

@@ -85,13 +85,16 @@ def cpu_name():
     """The CPU as /proc/cpuinfo names it, with its family and model (a VM's "AMD EPYC" says
     neither the generation nor the core): ingest times are only comparable on the same one."""
     info = {}
+    processors = 0
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
+            for line in f:  # the first CPU's lines only
                 key, _, value = line.partition(":")
                 key = key.strip()
-                if key == "processor" and value.strip() != "0":
-                    break
+                if key == "processor":
+                    processors += 1
+                    if processors > 1:
+                        break
                 info.setdefault(key, value.strip())
     except OSError:
         return "unknown CPU"
