@@ -38,7 +38,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fs_bench import Mount, drop_caches, log, med, parse_size, proc_stat, rng  # noqa: E402
-from storage_bench import trajectories, tree_bytes, version_files  # noqa: E402
+from storage_bench import cpu_name, trajectories, tree_bytes, version_files  # noqa: E402
 
 MIB = 1 << 20
 
@@ -108,7 +108,7 @@ def main():
     os.sync()
     newest, oldest = versions[-1], versions[0]
     sizes = {v: tree_bytes(os.path.join(native, v)) for v in (newest, oldest)}
-    log(f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}; {args.trajectory}: "
+    log(f"{os.cpu_count()} CPUs ({cpu_name()}), load {os.getloadavg()[0]:.2f}; {args.trajectory}: "
         f"{len(versions)} versions, newest {newest} {sizes[newest] / 1e6:.1f} MB, "
         f"oldest {oldest} {sizes[oldest] / 1e6:.1f} MB")
 
@@ -190,7 +190,8 @@ def print_table(R, args, versions, sizes, stats, budget):
     print(f"\nrestore bench: trajectory {args.trajectory} from {args.data}, {len(versions)} "
           f"versions; default mount options (--cache-size {args.cache_size} --inflight "
           f"{args.inflight}, lz4, deltas on); {args.runs} runs, medians; ratios are medians of "
-          f"per-run ratios; load at the end {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; "
+          f"per-run ratios; load at the end {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs "
+          f"({cpu_name()}); "
           f"longest delta chain in the store {stats.get('longest chain', float('nan')):g}, "
           f"delta chunks {stats.get('delta chunks', float('nan')):g}")
     print()
