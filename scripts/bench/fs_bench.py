@@ -43,6 +43,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gen_checkpoints import Model, train_step  # noqa: E402
+from storage_bench import cpu_name  # noqa: E402
 
 T0 = time.monotonic()
 CLK = os.sysconf("SC_CLK_TCK")
@@ -320,8 +321,8 @@ def main():
         R.setdefault(key, []).append(value)
 
     try:
-        log(f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}; building the state "
-            f"(hidden {args.hidden}, {args.layers} layers, one Adam step on CPU)")
+        log(f"{os.cpu_count()} CPUs ({cpu_name()}), load {os.getloadavg()[0]:.2f}; building the "
+            f"state (hidden {args.hidden}, {args.layers} layers, one Adam step on CPU)")
         state, tensors = build_state(args)
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         log(f"state: {len(tensors)} tensors, {nbytes / GIB:.2f} GiB")
