@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -305,6 +307,46 @@ const uint32_t* PairTable(const uint8_t len[256], const uint16_t code[256], int 
   return table;
 }
 
+// Whether `len` is a complete code of lengths 1..kHuffmanMaxBits (absent symbols: 0).
+Status CheckLengths(const uint8_t len[256]) {
+  uint32_t kraft = 0;
+  for (int s = 0; s < 256; ++s) {
+    if (len[s] > kHuffmanMaxBits) return Status::Corruption("huffman: code length out of range");
+    if (len[s] > 0) kraft += kTableSize >> len[s];
+  }
+  if (kraft != kTableSize) return Status::Corruption("huffman: the code is not complete");
+  return Status::OK();
+}
+
+// A table of one symbol per lookup: for each value of the next kHuffmanMaxBits bits, the code
+// length (bits 0-7) and the symbol its code starts (8-15). DecodeRounds shifts its bit window by
+// the whole entry (a 64-bit shift uses only the count's low 6 bits). Built by doubling: the
+// first 2^l entries hold the table of the codes up to length l; two copies of it are the
+// entries of those codes among 2^(l+1), where each code of length l + 1 takes one entry (a
+// store per symbol and 4 KB copied, where a store per entry took ~6 us). REQUIRES: a complete
+// code (CheckLengths), so that every entry is written.
+void BuildSingleTable(const uint8_t len[256], uint16_t* single) {
+  uint16_t code[256];
+  CanonicalCodes(len, code);
+  uint8_t by_length[256];  // the symbols with a code, by length and then by symbol
+  uint32_t next[kHuffmanMaxBits + 2] = {};
+  for (int s = 0; s < 256; ++s) next[len[s] + 1] += len[s] > 0;
+  for (int l = 1; l <= kHuffmanMaxBits; ++l) next[l + 1] += next[l];
+  for (int s = 0; s < 256; ++s) {
+    if (len[s] > 0) by_length[next[len[s]]++] = static_cast<uint8_t>(s);
+  }
+  // next[l] is now the end of length l's symbols in by_length, and the start of l + 1's.
+  single[0] = 0;
+  uint32_t i = 0;
+  for (uint32_t l = 1; l <= kHuffmanMaxBits; ++l) {
+    std::memcpy(single + (1u << (l - 1)), single, sizeof(uint16_t) << (l - 1));
+    for (; i < next[l]; ++i) {
+      const uint8_t s = by_length[i];
+      single[code[s]] = static_cast<uint16_t>(l | s << 8);
+    }
+  }
+}
+
 // A decoding table entry: the symbols that the next kHuffmanMaxBits bits start with (up to 4,
 // as many as fit whole), their total bit count, and the first symbol's code length. `bits` is
 // the lowest byte of the entry read as a little-endian uint64: DecodeRounds shifts its bit
@@ -318,44 +360,80 @@ struct Entry {
   uint32_t symbols;
 };
 
-Status BuildDecodeTable(const uint8_t len[256], Entry* table) {
-  uint32_t kraft = 0;
-  for (int s = 0; s < 256; ++s) {
-    if (len[s] > kHuffmanMaxBits) return Status::Corruption("huffman: code length out of range");
-    if (len[s] > 0) kraft += kTableSize >> len[s];
-  }
-  if (kraft != kTableSize) return Status::Corruption("huffman: the code is not complete");
-  uint16_t code[256];
-  CanonicalCodes(len, code);
-  std::array<uint16_t, kTableSize> single;  // symbol | length << 8
-  for (int s = 0; s < 256; ++s) {
-    if (len[s] == 0) continue;
-    for (uint32_t j = 0; j < (kTableSize >> len[s]); ++j) {
-      single[code[s] | (j << len[s])] = static_cast<uint16_t>(s | len[s] << 8);
-    }
-  }
+// The table of up to 4 symbols per lookup, from the single-symbol one.
+void BuildMultiTable(const uint16_t* single, Entry* table) {
   for (uint32_t idx = 0; idx < kTableSize; ++idx) {
-    Entry e{0, 0, static_cast<uint8_t>(single[idx] >> 8), 0, 0};
+    Entry e{0, 0, static_cast<uint8_t>(single[idx] & 0xff), 0, 0};
     while (e.count < 4) {
       const uint16_t d = single[(idx >> e.bits) & kTableMask];
-      const int l = d >> 8;
+      const int l = d & 0xff;
       if (e.bits + l > kHuffmanMaxBits) break;
-      e.symbols |= static_cast<uint32_t>(d & 0xff) << (8 * e.count);
+      e.symbols |= static_cast<uint32_t>(d >> 8) << (8 * e.count);
       e.bits = static_cast<uint8_t>(e.bits + l);
       ++e.count;
     }
     table[idx] = e;
   }
-  return Status::OK();
 }
 
-// Decodes kCount streams interleaved: each round decodes 4 table entries per stream (at most 44
-// bits, 16 bytes) from one 8-byte load; it runs as many rounds as every stream has room for,
-// input and output. Advances pos[] and out[]. The state is kept in locals: in the arrays, every
-// byte store could alias it and the compiler would reload it after each one.
-template <int kCount>
-inline void DecodeRounds(const Entry* t, const uint8_t* data, size_t data_size, size_t pos_io[],
+// How many symbols a lookup of the multi-symbol table yields on average, where each symbol
+// occurs with probability 2^-length (what the code is built for): f_d(b), the symbols that up to
+// d lookups' worth of symbols decode from b bits, is the sum over the lengths l <= b of
+// P(length l) * (1 + f_{d-1}(b - l)).
+double SymbolsPerLookup(const uint8_t len[256]) {
+  double p[kHuffmanMaxBits + 1] = {};  // probability of a code of each length
+  for (int s = 0; s < 256; ++s) {
+    if (len[s] > 0) p[len[s]] += 1.0 / static_cast<double>(1u << len[s]);
+  }
+  double f[kHuffmanMaxBits + 1] = {};  // f_{d-1}, by budget
+  for (int d = 0; d < 4; ++d) {
+    double next[kHuffmanMaxBits + 1] = {};
+    for (int b = 0; b <= kHuffmanMaxBits; ++b) {
+      for (int l = 1; l <= b; ++l) next[b] += p[l] * (1.0 + f[b - l]);
+    }
+    std::copy(next, next + kHuffmanMaxBits + 1, f);
+  }
+  return f[kHuffmanMaxBits];
+}
+
+// HuffmanDecode's table: kAuto but in tests.
+std::atomic<HuffmanDecodeTable> g_decode_table{HuffmanDecodeTable::kAuto};
+
+// Whether `n` symbols of this code decode faster with the multi-symbol table than with the
+// single-symbol one. Measured on Zen 4 (docs/engine.md, "Huffman, one symbol per lookup"): a
+// lookup takes about as long whatever it yields, ~2.5 cycles in the multi-symbol table and ~1.85
+// in the single-symbol one (a 2-byte entry, a byte stored at a fixed place), and the multi-symbol
+// table takes ~15,000 cycles more to build (a chain of lookups per entry). So the multi-symbol
+// table pays for long inputs of short codes only: the top planes of first versions, not the
+// low planes of deltas (~1 symbol per lookup) nor short segments. Cycles: of the time-stamp
+// counter, the costs measured by timing both tables on every Huffman segment of engine_bench's
+// bf16 and fp32 pieces.
+bool UseMultiTable(const uint8_t len[256], size_t n) {
+  switch (g_decode_table.load(std::memory_order_relaxed)) {
+    case HuffmanDecodeTable::kSingleSymbol:
+      return false;
+    case HuffmanDecodeTable::kMultiSymbol:
+      return true;
+    case HuffmanDecodeTable::kAuto:
+      break;
+  }
+  constexpr double kMultiLookupCycles = 2.5;
+  constexpr double kSingleLookupCycles = 1.85;
+  constexpr double kMultiBuildCycles = 15000;
+  const double saved_per_symbol = kSingleLookupCycles - kMultiLookupCycles / SymbolsPerLookup(len);
+  return static_cast<double>(n) * saved_per_symbol > kMultiBuildCycles;
+}
+
+// Decodes kCount streams interleaved: each round makes 4 lookups per stream (at most 44 bits)
+// from one 8-byte load: in the multi-symbol table (Entry: up to 16 bytes a round) or in the
+// single-symbol one (uint16_t: 4 bytes a round). It runs as many rounds as every stream has room
+// for, input and output. Advances pos[] and out[]. The state is kept in locals: in the arrays,
+// every byte store could alias it and the compiler would reload it after each one.
+template <int kCount, typename Table>
+inline void DecodeRounds(const Table* t, const uint8_t* data, size_t data_size, size_t pos_io[],
                          uint8_t* out_io[], uint8_t* const out_end[], Bytes* prefetch) {
+  constexpr bool kMulti = std::is_same_v<Table, Entry>;
+  constexpr size_t kOutPerRound = kMulti ? 16 : 4;
   size_t pos[kCount];
   uint8_t* out[kCount];
   for (int k = 0; k < kCount; ++k) {
@@ -365,7 +443,7 @@ inline void DecodeRounds(const Entry* t, const uint8_t* data, size_t data_size, 
   for (;;) {
     size_t rounds = SIZE_MAX;
     for (int k = 0; k < kCount; ++k) {
-      const size_t room_out = static_cast<size_t>(out_end[k] - out[k]) / 16;
+      const size_t room_out = static_cast<size_t>(out_end[k] - out[k]) / kOutPerRound;
       // (pos[k] / 8 > data_size - 8 let pos[k] be up to 7 bits past (data_size - 8) * 8, and
       // room_in below then wrapped around: 8-byte loads past the record. ASan found it.)
       if (data_size < 8 || pos[k] > (data_size - 8) * 8) {
@@ -394,14 +472,25 @@ inline void DecodeRounds(const Entry* t, const uint8_t* data, size_t data_size, 
       }
       for (int k = 0; k < kCount; ++k) {
         uint64_t b = window(pos[k]);
-        uint64_t e;
-        std::memcpy(&e, &t[left[k] & kTableMask], 8);  // little-endian host: bits in the low byte
-        for (int j = 0;; ++j) {
-          Store32(out[k], static_cast<uint32_t>(e >> 32));
-          out[k] += (e >> 8) & 0xff;
-          b >>= e & 63;  // the next lookup waits for this mask, load and shift only
-          if (j == 3) break;
-          std::memcpy(&e, &t[b & kTableMask], 8);
+        if constexpr (kMulti) {
+          uint64_t e;
+          std::memcpy(&e, &t[left[k] & kTableMask], 8);  // little-endian host: bits in byte 0
+          for (int j = 0;; ++j) {
+            Store32(out[k], static_cast<uint32_t>(e >> 32));
+            out[k] += (e >> 8) & 0xff;
+            b >>= e & 63;  // the next lookup waits for this mask, load and shift only
+            if (j == 3) break;
+            std::memcpy(&e, &t[b & kTableMask], 8);
+          }
+        } else {
+          uint32_t e = t[left[k] & kTableMask];
+          for (int j = 0;; ++j) {
+            out[k][j] = static_cast<uint8_t>(e >> 8);
+            b >>= e & 63;
+            if (j == 3) break;
+            e = t[b & kTableMask];
+          }
+          out[k] += 4;
         }
         pos[k] += static_cast<size_t>(__builtin_clzll(b));
         left[k] = b;
@@ -417,7 +506,8 @@ inline void DecodeRounds(const Entry* t, const uint8_t* data, size_t data_size, 
 // The fast part of HuffmanDecode: the 4 streams interleaved while all have room, then each on
 // its own (a stream of long runs, 4 symbols per lookup, fills its output well before one of
 // noise: the others then decoded a symbol at a time, 12% of bf16 delta decoding).
-inline void DecodeFastBody(const Entry* t, const uint8_t* data, size_t data_size, size_t pos[],
+template <typename Table>
+inline void DecodeFastBody(const Table* t, const uint8_t* data, size_t data_size, size_t pos[],
                            uint8_t* out[], uint8_t* const out_end[], Bytes prefetch) {
   DecodeRounds<kStreams>(t, data, data_size, pos, out, out_end, &prefetch);
   for (int k = 0; k < kStreams; ++k) {
@@ -427,7 +517,8 @@ inline void DecodeFastBody(const Entry* t, const uint8_t* data, size_t data_size
 
 // The same with BMI2 (vector_level.h): shifts by a count in any register (shrx) and lzcnt.
 #if defined(__x86_64__)
-CKPTFS_TARGET_AVX2 CKPTFS_NOT_CLONED void DecodeFastBmi2(const Entry* t, const uint8_t* data,
+template <typename Table>
+CKPTFS_TARGET_AVX2 CKPTFS_NOT_CLONED void DecodeFastBmi2(const Table* t, const uint8_t* data,
                                                          size_t data_size, size_t pos[],
                                                          uint8_t* out[], uint8_t* const out_end[],
                                                          Bytes prefetch) {
@@ -435,7 +526,8 @@ CKPTFS_TARGET_AVX2 CKPTFS_NOT_CLONED void DecodeFastBmi2(const Entry* t, const u
 }
 #endif
 
-CKPTFS_NOT_CLONED void DecodeFast(const Entry* t, const uint8_t* data, size_t data_size,
+template <typename Table>
+CKPTFS_NOT_CLONED void DecodeFast(const Table* t, const uint8_t* data, size_t data_size,
                                   size_t pos[], uint8_t* out[], uint8_t* const out_end[],
                                   Bytes prefetch) {
 #if defined(__x86_64__)
@@ -678,6 +770,10 @@ bool HuffmanEncode(Bytes in, Buffer* out) {
   return true;
 }
 
+HuffmanDecodeTable SetHuffmanDecodeTableForTesting(HuffmanDecodeTable table) {
+  return g_decode_table.exchange(table);
+}
+
 Status HuffmanDecode(Bytes stored, MutableBytes out_bytes, Bytes prefetch) {
   const auto* in = reinterpret_cast<const uint8_t*>(stored.data());
   const size_t size = stored.size();
@@ -688,9 +784,9 @@ Status HuffmanDecode(Bytes stored, MutableBytes out_bytes, Bytes prefetch) {
   if (size < header) return Status::Corruption("huffman: header is truncated");
   uint8_t len[256] = {};
   for (int s = 0; s <= last; ++s) len[s] = (in[1 + s / 2] >> (4 * (s & 1))) & 0xf;
-  static_assert(sizeof(Entry) == 8);
-  thread_local std::array<Entry, kTableSize> table;
-  CKPTFS_RETURN_IF_ERROR(BuildDecodeTable(len, table.data()));
+  CKPTFS_RETURN_IF_ERROR(CheckLengths(len));
+  thread_local std::array<uint16_t, kTableSize> single;
+  BuildSingleTable(len, single.data());
 
   // Streams: [begin, end) in bits from `data`, and the output run each fills.
   const uint8_t* data = in + header;
@@ -717,9 +813,14 @@ Status HuffmanDecode(Bytes stored, MutableBytes out_bytes, Bytes prefetch) {
     out_end[k] = out_base + RunEnd(n, k);
     pos[k] = begin[k];
   }
-  const Entry* t = table.data();
-
-  DecodeFast(t, data, data_size, pos, out, out_end, prefetch);
+  static_assert(sizeof(Entry) == 8);
+  thread_local std::array<Entry, kTableSize> table;
+  if (UseMultiTable(len, n)) {
+    BuildMultiTable(single.data(), table.data());
+    DecodeFast(table.data(), data, data_size, pos, out, out_end, prefetch);
+  } else {
+    DecodeFast(single.data(), data, data_size, pos, out, out_end, prefetch);
+  }
   // Tails, one symbol at a time with bounds-checked loads.
   for (int k = 0; k < kStreams; ++k) {
     while (out[k] < out_end[k]) {
@@ -731,9 +832,9 @@ Status HuffmanDecode(Bytes stored, MutableBytes out_bytes, Bytes prefetch) {
       } else if (byte < data_size) {
         std::memcpy(&b, data + byte, data_size - byte);
       }
-      const Entry e = t[(b >> (pos[k] & 7)) & kTableMask];
-      *out[k]++ = static_cast<uint8_t>(e.symbols);
-      pos[k] += e.first_bits;
+      const uint16_t e = single[(b >> (pos[k] & 7)) & kTableMask];
+      *out[k]++ = static_cast<uint8_t>(e >> 8);
+      pos[k] += e & 0xff;
     }
     // A stream must end in its last byte: not before it, not past it.
     if (pos[k] > end_bits[k] || (end_bits[k] > begin[k] && pos[k] + 8 <= end_bits[k]) ||

@@ -64,4 +64,11 @@ size_t HuffmanEncodedSizeOfCounts(const uint32_t counts[256]);
 // while decoding, which leaves the memory idle otherwise; no effect on the result.
 Status HuffmanDecode(Bytes stored, MutableBytes out, Bytes prefetch = {});
 
+// Which lookup table HuffmanDecode uses: one symbol per lookup, or up to 4 (a table that costs
+// more to build and yields more where codes are short). kAuto, the default, chooses per input by
+// its length and code lengths; the others force one, for tests. The bytes decoded are the same.
+enum class HuffmanDecodeTable : uint8_t { kAuto, kSingleSymbol, kMultiSymbol };
+// Sets the choice for every thread; returns the previous one. For tests.
+HuffmanDecodeTable SetHuffmanDecodeTableForTesting(HuffmanDecodeTable table);
+
 }  // namespace ckptfs

@@ -13,13 +13,32 @@
 namespace ckptfs {
 namespace {
 
+constexpr HuffmanDecodeTable kTables[] = {
+    HuffmanDecodeTable::kAuto, HuffmanDecodeTable::kSingleSymbol, HuffmanDecodeTable::kMultiSymbol};
+
+// Sets HuffmanDecode's table for the scope.
+class ScopedTable {
+ public:
+  explicit ScopedTable(HuffmanDecodeTable t) : before_(SetHuffmanDecodeTableForTesting(t)) {}
+  ~ScopedTable() { SetHuffmanDecodeTableForTesting(before_); }
+
+ private:
+  HuffmanDecodeTable before_;
+};
+
+// Decoded with each table: the same bytes.
 void ExpectRoundTrip(const Buffer& in) {
   Buffer enc;
   if (!HuffmanEncode(in.bytes(), &enc)) return;  // did not shrink: nothing to decode
   EXPECT_LT(enc.size(), in.size());
-  Buffer back(in.size());
-  ASSERT_TRUE(HuffmanDecode(enc.bytes(), back.mutable_bytes()).ok()) << in.size();
-  ASSERT_EQ(0, std::memcmp(back.data(), in.data(), in.size())) << in.size();
+  for (HuffmanDecodeTable table : kTables) {
+    ScopedTable scoped(table);
+    Buffer back(in.size());
+    ASSERT_TRUE(HuffmanDecode(enc.bytes(), back.mutable_bytes()).ok())
+        << in.size() << " table " << static_cast<int>(table);
+    ASSERT_EQ(0, std::memcmp(back.data(), in.data(), in.size()))
+        << in.size() << " table " << static_cast<int>(table);
+  }
 }
 
 TEST(ByteHistogramTest, CountsEveryByteAtEveryVectorLevel) {
@@ -93,13 +112,16 @@ TEST(HuffmanTest, TruncatedOrWrongLengthIsCorruption) {
   Buffer enc;
   ASSERT_TRUE(HuffmanEncode(in.bytes(), &enc));
   Buffer back(in.size());
-  for (size_t cut = 0; cut < enc.size(); cut += 1 + cut / 8) {
-    EXPECT_FALSE(HuffmanDecode(enc.bytes().first(cut), back.mutable_bytes()).ok()) << cut;
+  for (HuffmanDecodeTable table : kTables) {
+    ScopedTable scoped(table);
+    for (size_t cut = 0; cut < enc.size(); cut += 1 + cut / 8) {
+      EXPECT_FALSE(HuffmanDecode(enc.bytes().first(cut), back.mutable_bytes()).ok()) << cut;
+    }
+    // Asking for more or fewer bytes than were encoded.
+    Buffer longer(in.size() + 64), shorter(in.size() - 64);
+    EXPECT_FALSE(HuffmanDecode(enc.bytes(), longer.mutable_bytes()).ok());
+    EXPECT_FALSE(HuffmanDecode(enc.bytes(), shorter.mutable_bytes()).ok());
   }
-  // Asking for more or fewer bytes than were encoded.
-  Buffer longer(in.size() + 64), shorter(in.size() - 64);
-  EXPECT_FALSE(HuffmanDecode(enc.bytes(), longer.mutable_bytes()).ok());
-  EXPECT_FALSE(HuffmanDecode(enc.bytes(), shorter.mutable_bytes()).ok());
 }
 
 TEST(HuffmanTest, CorruptedStreamsNeverCrashAndBadTablesAreRejected) {
@@ -110,6 +132,7 @@ TEST(HuffmanTest, CorruptedStreamsNeverCrashAndBadTablesAreRejected) {
   Buffer back(in.size());
   int rejected = 0;
   for (int trial = 0; trial < 3000; ++trial) {
+    ScopedTable scoped(kTables[trial % 3]);
     Buffer bad(enc.bytes());
     const int flips = 1 + trial % 4;
     for (int f = 0; f < flips; ++f) {
@@ -140,8 +163,11 @@ TEST(HuffmanTest, StreamsOfRunsAndOfNoiseRoundTrip) {
       Buffer enc;
       ASSERT_TRUE(HuffmanEncode(in.bytes(), &enc));
       Buffer back(n);
-      for (size_t cut = enc.size() - 64; cut < enc.size(); ++cut) {
-        EXPECT_FALSE(HuffmanDecode(enc.bytes().first(cut), back.mutable_bytes()).ok()) << cut;
+      for (HuffmanDecodeTable table : kTables) {
+        ScopedTable scoped(table);
+        for (size_t cut = enc.size() - 64; cut < enc.size(); ++cut) {
+          EXPECT_FALSE(HuffmanDecode(enc.bytes().first(cut), back.mutable_bytes()).ok()) << cut;
+        }
       }
     }
   }
