@@ -13,13 +13,14 @@
 #include <utility>
 #include <vector>
 
+#include "engine/codec/huffman_decoder.h"
 #include "engine/codec/vector_level.h"
 #include "engine/util/coding.h"
 
 namespace ckptfs {
 namespace {
 
-constexpr int kStreams = 4;
+constexpr int kStreams = kHuffmanStreams;
 constexpr uint32_t kTableSize = 1u << kHuffmanMaxBits;
 constexpr uint32_t kTableMask = kTableSize - 1;
 constexpr size_t kStreamLengthBytes = 4 * (kStreams - 1);
@@ -483,13 +484,7 @@ inline void DecodeRounds(const Table* t, const uint8_t* data, size_t data_size, 
             std::memcpy(&e, &t[b & kTableMask], 8);
           }
         } else {
-          uint32_t e = t[left[k] & kTableMask];
-          for (int j = 0;; ++j) {
-            out[k][j] = static_cast<uint8_t>(e >> 8);
-            b >>= e & 63;
-            if (j == 3) break;
-            e = t[b & kTableMask];
-          }
+          b = HuffmanSingleLookups(t, left[k], b, out[k]);
           out[k] += 4;
         }
         pos[k] += static_cast<size_t>(__builtin_clzll(b));
@@ -774,7 +769,7 @@ HuffmanDecodeTable SetHuffmanDecodeTableForTesting(HuffmanDecodeTable table) {
   return g_decode_table.exchange(table);
 }
 
-Status HuffmanDecode(Bytes stored, MutableBytes out_bytes, Bytes prefetch) {
+Status HuffmanStartDecode(Bytes stored, MutableBytes out_bytes, HuffmanDecoder* d) {
   const auto* in = reinterpret_cast<const uint8_t*>(stored.data());
   const size_t size = stored.size();
   if (size < 1) return Status::Corruption("huffman: empty stream");
@@ -787,62 +782,71 @@ Status HuffmanDecode(Bytes stored, MutableBytes out_bytes, Bytes prefetch) {
   CKPTFS_RETURN_IF_ERROR(CheckLengths(len));
   thread_local std::array<uint16_t, kTableSize> single;
   BuildSingleTable(len, single.data());
+  d->single = single.data();
 
   // Streams: [begin, end) in bits from `data`, and the output run each fills.
-  const uint8_t* data = in + header;
-  const size_t data_size = size - header;
-  size_t begin[kStreams], end_bits[kStreams];
+  d->data = in + header;
+  d->data_size = size - header;
   size_t at = 0;
   for (int k = 0; k < kStreams; ++k) {
-    size_t bytes = k < kStreams - 1 ? GetLE<uint32_t>(in + 1 + nibble_bytes + 4 * k)
-                                    : data_size - std::min(at, data_size);
-    if (bytes > data_size - std::min(at, data_size)) {
-      return Status::Corruption("huffman: stream lengths exceed the record");
-    }
-    begin[k] = at * 8;
+    const size_t left = d->data_size - std::min(at, d->data_size);
+    const size_t bytes = k < kStreams - 1 ? GetLE<uint32_t>(in + 1 + nibble_bytes + 4 * k) : left;
+    if (bytes > left) return Status::Corruption("huffman: stream lengths exceed the record");
+    d->begin[k] = d->pos[k] = at * 8;
     at += bytes;
-    end_bits[k] = at * 8;
+    d->end_bits[k] = at * 8;
   }
   const size_t n = out_bytes.size();
   auto* out_base = reinterpret_cast<uint8_t*>(out_bytes.data());
-  uint8_t* out[kStreams];
-  uint8_t* out_end[kStreams];
-  size_t pos[kStreams];
   for (int k = 0; k < kStreams; ++k) {
-    out[k] = out_base + RunBegin(n, k);
-    out_end[k] = out_base + RunEnd(n, k);
-    pos[k] = begin[k];
+    d->out[k] = out_base + RunBegin(n, k);
+    d->out_end[k] = out_base + RunEnd(n, k);
   }
+  d->single_table = !UseMultiTable(len, n);
+  return Status::OK();
+}
+
+Status HuffmanFinishDecode(HuffmanDecoder* d, Bytes prefetch) {
   static_assert(sizeof(Entry) == 8);
-  thread_local std::array<Entry, kTableSize> table;
-  if (UseMultiTable(len, n)) {
-    BuildMultiTable(single.data(), table.data());
-    DecodeFast(table.data(), data, data_size, pos, out, out_end, prefetch);
+  if (d->single_table) {
+    DecodeFast(d->single, d->data, d->data_size, d->pos, d->out, d->out_end, prefetch);
   } else {
-    DecodeFast(single.data(), data, data_size, pos, out, out_end, prefetch);
+    thread_local std::array<Entry, kTableSize> table;
+    BuildMultiTable(d->single, table.data());
+    DecodeFast(table.data(), d->data, d->data_size, d->pos, d->out, d->out_end, prefetch);
   }
   // Tails, one symbol at a time with bounds-checked loads.
+  const uint8_t* data = d->data;
+  const size_t data_size = d->data_size;
   for (int k = 0; k < kStreams; ++k) {
-    while (out[k] < out_end[k]) {
-      if (pos[k] > end_bits[k]) break;
+    size_t pos = d->pos[k];
+    while (d->out[k] < d->out_end[k]) {
+      if (pos > d->end_bits[k]) break;
       uint64_t b = 0;
-      const size_t byte = pos[k] >> 3;
+      const size_t byte = pos >> 3;
       if (byte + 8 <= data_size) {
         b = Load64(data + byte);
       } else if (byte < data_size) {
         std::memcpy(&b, data + byte, data_size - byte);
       }
-      const uint16_t e = single[(b >> (pos[k] & 7)) & kTableMask];
-      *out[k]++ = static_cast<uint8_t>(e >> 8);
-      pos[k] += e & 0xff;
+      const uint16_t e = d->single[(b >> (pos & 7)) & kTableMask];
+      *d->out[k]++ = static_cast<uint8_t>(e >> 8);
+      pos += e & 0xff;
     }
+    d->pos[k] = pos;
     // A stream must end in its last byte: not before it, not past it.
-    if (pos[k] > end_bits[k] || (end_bits[k] > begin[k] && pos[k] + 8 <= end_bits[k]) ||
-        (end_bits[k] == begin[k] && pos[k] != begin[k])) {
+    const size_t begin = d->begin[k], end = d->end_bits[k];
+    if (pos > end || (end > begin && pos + 8 <= end) || (end == begin && pos != begin)) {
       return Status::Corruption("huffman: a stream does not end where its length says");
     }
   }
   return Status::OK();
+}
+
+Status HuffmanDecode(Bytes stored, MutableBytes out, Bytes prefetch) {
+  HuffmanDecoder d;
+  CKPTFS_RETURN_IF_ERROR(HuffmanStartDecode(stored, out, &d));
+  return HuffmanFinishDecode(&d, prefetch);
 }
 
 }  // namespace ckptfs

@@ -1509,12 +1509,20 @@ void PackSegments(const CodecSpec& spec, uint8_t width, Bytes planes, bool delta
   PutSegment(raw, planes.subspan(width * elements), delta, out);
 }
 
+// A segment that is coded: its codec, its stored bytes and where it decodes to.
+struct CodedSegment {
+  Codec codec;
+  Bytes body;
+  MutableBytes out;
+};
+
 // Reads the segment at `*pos` of `stored` (advancing `*pos`), of `segment.size()` bytes once
 // decoded: one stored raw is pointed at where it lies in `stored` (unless `copy`, or fewer than
-// `overread` bytes of `stored` follow it: its reader loads that far past its end), the others are
-// decoded into `segment`; where the bytes are, into *at.
-Status UnpackSegment(Bytes stored, size_t* pos, MutableBytes segment, bool copy, size_t overread,
-                     Bytes* prefetch, const uint8_t** at) {
+// `overread` bytes of `stored` follow it: its reader loads that far past its end) and copied
+// into `segment` otherwise; one coded is added to `coded`, to be decoded into `segment`. Where
+// the bytes will be, into *at.
+Status ReadSegment(Bytes stored, size_t* pos, MutableBytes segment, bool copy, size_t overread,
+                   std::vector<CodedSegment>* coded, const uint8_t** at) {
   if (stored.size() - *pos < kSegmentHeaderBytes) {
     return Status::Corruption("piece: plane header is truncated");
   }
@@ -1527,20 +1535,47 @@ Status UnpackSegment(Bytes stored, size_t* pos, MutableBytes segment, bool copy,
   Bytes body = stored.subspan(*pos, len);
   *pos += len;
   *at = reinterpret_cast<const uint8_t*>(segment.data());
-  if (static_cast<Codec>(codec) == Codec::kNone) {
-    if (body.size() != segment.size()) return Status::Corruption("piece: plane size mismatch");
-    if (copy || stored.size() - *pos < overread) {
-      if (!body.empty()) std::memcpy(segment.data(), body.data(), body.size());
-    } else {
-      *at = reinterpret_cast<const uint8_t*>(body.data());
-    }
-  } else if (static_cast<Codec>(codec) == Codec::kHuffman) {
-    CKPTFS_RETURN_IF_ERROR(HuffmanDecode(body, segment, *prefetch));
-    *prefetch = {};
-  } else if (static_cast<Codec>(codec) == Codec::kRans) {
-    CKPTFS_RETURN_IF_ERROR(RansDecode(body, segment));
+  if (static_cast<Codec>(codec) != Codec::kNone) {
+    coded->push_back({static_cast<Codec>(codec), body, segment});
+  } else if (body.size() != segment.size()) {
+    return Status::Corruption("piece: plane size mismatch");
+  } else if (copy || stored.size() - *pos < overread) {
+    if (!body.empty()) std::memcpy(segment.data(), body.data(), body.size());
   } else {
-    CKPTFS_RETURN_IF_ERROR(Decompress(static_cast<Codec>(codec), body, segment));
+    *at = reinterpret_cast<const uint8_t*>(body.data());
+  }
+  return Status::OK();
+}
+
+// Decodes the coded segments: each rANS-coded one together with Huffman-coded ones of about as
+// many symbols (RansDecodeWithHuffman: the two decoders overlap on one core; a delta's high
+// planes are mostly rANS-coded and its low planes, or their buckets, Huffman-coded), the others
+// one by one. `prefetch` (a delta's base, which the join reads next) is asked for from memory
+// while the first Huffman-coded segment decodes: the join waited for it (~75% of a bf16 delta's
+// join).
+Status DecodeSegments(const std::vector<CodedSegment>& coded, Bytes prefetch) {
+  thread_local std::vector<HuffmanInput> huffman;
+  huffman.clear();
+  for (const CodedSegment& c : coded) {
+    if (c.codec == Codec::kHuffman) huffman.push_back({c.body, c.out});
+  }
+  size_t next = 0;  // the first Huffman input not decoded yet
+  for (const CodedSegment& c : coded) {
+    if (c.codec == Codec::kRans) {
+      const size_t first = next;
+      for (size_t symbols = 0; next < huffman.size() && symbols < c.out.size(); ++next) {
+        symbols += huffman[next].out.size();
+      }
+      const std::span<const HuffmanInput> beside(huffman.data() + first, next - first);
+      CKPTFS_RETURN_IF_ERROR(RansDecodeWithHuffman(c.body, c.out, beside, prefetch));
+      if (!beside.empty()) prefetch = {};
+    } else if (c.codec != Codec::kHuffman) {
+      CKPTFS_RETURN_IF_ERROR(Decompress(c.codec, c.body, c.out));
+    }
+  }
+  for (; next < huffman.size(); ++next) {
+    CKPTFS_RETURN_IF_ERROR(HuffmanDecode(huffman[next].stored, huffman[next].out, prefetch));
+    prefetch = {};
   }
   return Status::OK();
 }
@@ -1550,34 +1585,42 @@ Status UnpackSegment(Bytes stored, size_t* pos, MutableBytes segment, bool copy,
 // j * elements, the tail after the planes), and so is plane `copy_plane` even where it is raw
 // (the top plane, when the row/column model adds its terms to it in place; -1: none). A plane
 // that `split` splits is read as its buckets' segments and put together into `scratch`.
-// `prefetch` (a delta's base, which the join reads next) is asked for from memory while the
-// first Huffman-coded plane decodes: the join waited for it (~75% of a bf16 delta's join).
+// `prefetch`: as DecodeSegments.
 Status UnpackSegments(uint8_t width, Bytes stored, MutableBytes scratch, int copy_plane,
                       const PlaneSplit& split, Bytes prefetch, PlanePointers* planes) {
   const size_t elements = scratch.size() / width;
+  // The split planes' buckets, each plane's with 64 bytes after them for ScatterBuckets.
+  thread_local Buffer bucket_bytes;
+  bucket_bytes.Resize(static_cast<size_t>(std::popcount(split.planes)) * (elements + 64));
+  std::array<std::array<const uint8_t*, kMaxSplitBuckets>, kMaxPieceWidth> from{};
+  thread_local std::vector<CodedSegment> coded;
+  coded.clear();
   size_t pos = 0;
-  for (size_t s = 0; s <= width; ++s) {
+  for (size_t s = 0, split_at = 0; s <= width; ++s) {
     MutableBytes segment =
         s < width ? scratch.subspan(s * elements, elements) : scratch.subspan(width * elements);
     if (s < width && (split.planes >> s & 1) != 0) {
-      thread_local Buffer bucket_bytes;  // with 64 bytes after them for ScatterBuckets
-      bucket_bytes.Resize(elements + 64);
-      std::array<const uint8_t*, kMaxSplitBuckets> from{};
+      MutableBytes buckets = bucket_bytes.mutable_bytes().subspan(split_at, elements + 64);
+      split_at += elements + 64;
       for (size_t b = 0, at = 0; b < split.buckets; at += split.counts[b], ++b) {
         // ScatterBuckets loads up to 64 bytes past a bucket's bytes: one stored raw is read in
         // place unless it ends within 64 bytes of the record's end.
-        CKPTFS_RETURN_IF_ERROR(
-            UnpackSegment(stored, &pos, bucket_bytes.mutable_bytes().subspan(at, split.counts[b]),
-                          /*copy=*/false, /*overread=*/64, &prefetch, &from[b]));
+        CKPTFS_RETURN_IF_ERROR(ReadSegment(stored, &pos, buckets.subspan(at, split.counts[b]),
+                                           /*copy=*/false, /*overread=*/64, &coded, &from[s][b]));
       }
-      ScatterBuckets(split, from, elements, reinterpret_cast<uint8_t*>(segment.data()));
-      (*planes)[s] = reinterpret_cast<const uint8_t*>(segment.data());
       continue;
     }
-    CKPTFS_RETURN_IF_ERROR(UnpackSegment(stored, &pos, segment, static_cast<int>(s) == copy_plane,
-                                         /*overread=*/0, &prefetch, &(*planes)[s]));
+    CKPTFS_RETURN_IF_ERROR(ReadSegment(stored, &pos, segment, static_cast<int>(s) == copy_plane,
+                                       /*overread=*/0, &coded, &(*planes)[s]));
   }
   if (pos != stored.size()) return Status::Corruption("piece: trailing bytes after the planes");
+  CKPTFS_RETURN_IF_ERROR(DecodeSegments(coded, prefetch));
+  for (size_t s = 0; s < width; ++s) {
+    if ((split.planes >> s & 1) == 0) continue;
+    uint8_t* plane = reinterpret_cast<uint8_t*>(scratch.data()) + s * elements;
+    ScatterBuckets(split, from[s], elements, plane);
+    (*planes)[s] = plane;
+  }
   return Status::OK();
 }
 

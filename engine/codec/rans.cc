@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "engine/codec/huffman.h"
+#include "engine/codec/huffman_decoder.h"
 #include "engine/codec/vector_level.h"
 #include "engine/util/coding.h"
 
@@ -507,11 +508,14 @@ __attribute__((target("avx512f"), always_inline)) inline __m512i LookupRank(cons
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
-template <bool k32>
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,avx2,bmi2"), flatten))
-CKPTFS_NOT_CLONED size_t
-DecodeRoundsRankedVbmi(const uint32_t* t, const RankedDecTables& r, Stream* s, uint8_t* out,
-                       size_t n) {
+// Up to `max_rounds` rounds as above (fewer where the words or `n` run out); `beside(c)` runs
+// before vector c of every round: another decoder's work for the core to overlap with this
+// one's (RansDecodeWithHuffman), inlined into the loop. Returns the symbols decoded.
+template <bool k32, typename Beside>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,avx2,bmi2"),
+               always_inline)) inline size_t
+RankedRounds(const uint32_t* t, const RankedDecTables& r, Stream* s, uint8_t* out, size_t n,
+             size_t max_rounds, Beside&& beside) {
   const __m512i mask = _mm512_set1_epi32(kMask);
   const __m512i b0 = _mm512_load_si512(r.bucket), b1 = _mm512_load_si512(r.bucket + 64);
   const __m512i b2 = _mm512_load_si512(r.bucket + 128), b3 = _mm512_load_si512(r.bucket + 192);
@@ -524,8 +528,10 @@ DecodeRoundsRankedVbmi(const uint32_t* t, const RankedDecTables& r, Stream* s, u
   for (int c = 0; c < 4; ++c) x[c] = _mm512_load_si512(s->x + 16 * c);
   const uint8_t* w = s->w;
   size_t i = 0;
-  for (; i + kStates <= n && s->end - w >= 2 * kStates; i += kStates) {
+  for (size_t round = 0; round < max_rounds && i + kStates <= n && s->end - w >= 2 * kStates;
+       ++round, i += kStates) {
     for (int c = 0; c < 4; ++c) {
+      beside(c);
       const __m512i slot = _mm512_and_si512(x[c], mask);
       // The bucket of each of the vector's slots: its 16 bucket indices as bytes, looked up in
       // the 256-byte table (two permutes of 128 bytes and a blend on the index's top bit).
@@ -559,6 +565,58 @@ DecodeRoundsRankedVbmi(const uint32_t* t, const RankedDecTables& r, Stream* s, u
   }
   for (int c = 0; c < 4; ++c) _mm512_store_si512(s->x + 16 * c, x[c]);
   s->w = w;
+  return i;
+}
+
+template <bool k32>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,avx2,bmi2"), flatten))
+CKPTFS_NOT_CLONED size_t
+DecodeRoundsRankedVbmi(const uint32_t* t, const RankedDecTables& r, Stream* s, uint8_t* out,
+                       size_t n) {
+  return RankedRounds<k32>(t, r, s, out, n, SIZE_MAX, [](int) {});
+}
+
+// RankedRounds beside the rounds of a Huffman decode with the single-symbol table: before each
+// of a round's 4 vectors (16 symbols), a round of the Huffman decode's 4 streams (16 symbols),
+// while both have room; the Huffman streams' state in locals, as HuffmanSingleRound asks.
+// Returns the rANS symbols decoded; advances h's positions and outputs. `prefetch`: as
+// HuffmanDecode's, a cache line of it asked for per round of Huffman.
+template <bool k32>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,avx2,bmi2"), flatten))
+CKPTFS_NOT_CLONED size_t
+DecodeRoundsRankedVbmiWithHuffman(const uint32_t* t, const RankedDecTables& r, Stream* s,
+                                  uint8_t* out, size_t n, HuffmanDecoder* h, Bytes* prefetch) {
+  size_t i = 0;
+  for (;;) {
+    // HuffmanRoundsLeft counts 44 bits a round, more than most use: asked again after each run.
+    const size_t rounds = HuffmanRoundsLeft(*h) / 4;
+    if (rounds == 0) break;
+    size_t pos[kHuffmanStreams];
+    uint8_t* hout[kHuffmanStreams];
+    uint64_t left[kHuffmanStreams];
+    for (int k = 0; k < kHuffmanStreams; ++k) {
+      pos[k] = h->pos[k];
+      hout[k] = h->out[k];
+    }
+    HuffmanLoadWindows(*h, left);
+    const uint16_t* single = h->single;
+    const uint8_t* data = h->data;
+    const size_t done = RankedRounds<k32>(t, r, s, out + i, n - i, rounds, [&](int) {
+      if (!prefetch->empty()) {  // a cache line per round of Huffman, as HuffmanDecode asks
+        __builtin_prefetch(prefetch->data());
+        *prefetch = prefetch->subspan(std::min<size_t>(64, prefetch->size()));
+      }
+      for (int k = 0; k < kHuffmanStreams; ++k) {
+        HuffmanSingleRound(single, data, &pos[k], &hout[k], &left[k]);
+      }
+    });
+    for (int k = 0; k < kHuffmanStreams; ++k) {
+      h->pos[k] = pos[k];
+      h->out[k] = hout[k];
+    }
+    i += done;
+    if (done < rounds * kStates) break;  // the rANS words or symbols ran out
+  }
   return i;
 }
 #if !defined(__clang__)
@@ -677,7 +735,21 @@ size_t RansEncodeTo(Bytes in, std::byte* dst_bytes, size_t capacity, const uint3
   return header + words;
 }
 
-Status RansDecode(Bytes stored, MutableBytes out_bytes) {
+namespace {
+
+// A decode in progress: RansDecode's parts, which RansDecodeWithHuffman runs around its own loop.
+struct RansDecoder {
+  const uint32_t* table = nullptr;  // the calling thread's; valid until its next rANS decode
+  uint32_t freqs[256] = {};
+  alignas(64) uint32_t x[kStates];
+  Stream s{};
+  uint8_t* out = nullptr;
+  size_t n = 0;
+  size_t i = 0;  // symbols decoded
+};
+
+// Reads the header of `stored` and builds the decoding table; `out` receives the symbols.
+Status StartDecode(Bytes stored, MutableBytes out, RansDecoder* d) {
   const auto* in = reinterpret_cast<const uint8_t*>(stored.data());
   const size_t size = stored.size();
   if (size < kBitmapBytes) return Status::Corruption("rans: header is truncated");
@@ -690,11 +762,10 @@ Status RansDecode(Bytes stored, MutableBytes out_bytes) {
   // the symbol's start (8-19) and the symbol's frequency (20-31).
   thread_local std::array<uint32_t, kScale> table;
   uint32_t start = 0;
-  uint32_t freqs[256] = {};
   const uint8_t* f = in + kBitmapBytes;
   for (int s = 0; s < 256; ++s) {
     if (!(in[s / 8] >> (s % 8) & 1)) continue;
-    const uint32_t freq = freqs[s] = GetLE<uint16_t>(f);
+    const uint32_t freq = d->freqs[s] = GetLE<uint16_t>(f);
     f += 2;
     if (freq == 0 || freq >= kScale || start + freq > kScale) {
       return Status::Corruption("rans: bad frequency table");
@@ -705,34 +776,56 @@ Status RansDecode(Bytes stored, MutableBytes out_bytes) {
     start += freq;
   }
   if (start != kScale) return Status::Corruption("rans: frequencies do not sum to the scale");
-  alignas(64) uint32_t x[kStates];
+  d->table = table.data();
   for (int lane = 0; lane < kStates; ++lane) {
-    x[lane] = GetLE<uint32_t>(f + 4 * lane);
-    if (x[lane] < kLow || x[lane] >> 31 != 0) {
+    d->x[lane] = GetLE<uint32_t>(f + 4 * lane);
+    if (d->x[lane] < kLow || d->x[lane] >> 31 != 0) {
       return Status::Corruption("rans: a state is out of range");
     }
   }
-  Stream s{in + header, in + size, x};
-  if ((s.end - s.w) % 2 != 0) return Status::Corruption("rans: odd stream length");
+  d->s = Stream{in + header, in + size, d->x};
+  if ((d->s.end - d->s.w) % 2 != 0) return Status::Corruption("rans: odd stream length");
+  d->out = reinterpret_cast<uint8_t*>(out.data());
+  d->n = out.size();
+  d->i = 0;
+  return Status::OK();
+}
 
-  auto* out = reinterpret_cast<uint8_t*>(out_bytes.data());
-  const size_t n = out_bytes.size();
-  size_t i = 0;
+// Whether the ranked vector decoder runs here (AVX-512 VBMI, at most kRankedSymbols ranks): then
+// fills `ranked`.
+bool RankedDecoding(const RansDecoder& d, RankedDecTables* ranked) {
+#if defined(__x86_64__)
+  return CodecVectorLevelInUse() >= CodecVectorLevel::kAvx512 && CodecCpuHasAvx512Vbmi() &&
+         MakeRankedDecTables(d.freqs, ranked);
+#else
+  (void)d;
+  (void)ranked;
+  return false;
+#endif
+}
+
+// Decodes the rest: the vector rounds of the CPU's level, then a symbol at a time; checks that
+// the words and the states end where the encoder began.
+Status FinishDecode(RansDecoder* d) {
+  uint8_t* const out = d->out;
+  const size_t n = d->n;
+  size_t i = d->i;
 #if defined(__x86_64__)
   RankedDecTables ranked;
-  if (CodecVectorLevelInUse() >= CodecVectorLevel::kAvx512 && CodecCpuHasAvx512Vbmi() &&
-      MakeRankedDecTables(freqs, &ranked)) {
-    i = ranked.ranks <= 32 ? DecodeRoundsRankedVbmi<true>(table.data(), ranked, &s, out, n)
-                           : DecodeRoundsRankedVbmi<false>(table.data(), ranked, &s, out, n);
+  if (RankedDecoding(*d, &ranked)) {
+    i += ranked.ranks <= 32
+             ? DecodeRoundsRankedVbmi<true>(d->table, ranked, &d->s, out + i, n - i)
+             : DecodeRoundsRankedVbmi<false>(d->table, ranked, &d->s, out + i, n - i);
   } else if (CodecVectorLevelInUse() >= CodecVectorLevel::kAvx512) {
-    i = DecodeRoundsAvx512(table.data(), &s, out, n);
+    i += DecodeRoundsAvx512(d->table, &d->s, out + i, n - i);
   } else if (CodecVectorLevelInUse() >= CodecVectorLevel::kAvx2) {
-    i = DecodeRoundsAvx2(table.data(), &s, out, n);
+    i += DecodeRoundsAvx2(d->table, &d->s, out + i, n - i);
   }
 #endif
-  const uint32_t* t = table.data();
-  const uint8_t* w = s.w;
-  const uint8_t* const end = s.end;
+  const uint32_t* t = d->table;
+  uint32_t* x = d->x;
+  const uint8_t* w = d->s.w;
+  const uint8_t* const end = d->s.end;
   // The rest (and everything without AVX2), a symbol at a time, with a bounds check per word.
   for (; i < n; ++i) {
     const int lane = static_cast<int>(i % kStates);
@@ -752,6 +845,39 @@ Status RansDecode(Bytes stored, MutableBytes out_bytes) {
     if (x[lane] != kLow) return Status::Corruption("rans: a state does not end where it began");
   }
   return Status::OK();
+}
+
+}  // namespace
+
+Status RansDecode(Bytes stored, MutableBytes out) {
+  RansDecoder d;
+  CKPTFS_RETURN_IF_ERROR(StartDecode(stored, out, &d));
+  return FinishDecode(&d);
+}
+
+Status RansDecodeWithHuffman(Bytes rans, MutableBytes rans_out,
+                             std::span<const HuffmanInput> huffman, Bytes prefetch) {
+  RansDecoder d;
+  CKPTFS_RETURN_IF_ERROR(StartDecode(rans, rans_out, &d));
+#if defined(__x86_64__)
+  RankedDecTables ranked;
+  const bool ranked_decoding = RankedDecoding(d, &ranked);
+#endif
+  for (const HuffmanInput& in : huffman) {
+    HuffmanDecoder h;
+    CKPTFS_RETURN_IF_ERROR(HuffmanStartDecode(in.stored, in.out, &h));
+#if defined(__x86_64__)
+    if (h.single_table && ranked_decoding) {
+      d.i += ranked.ranks <= 32 ? DecodeRoundsRankedVbmiWithHuffman<true>(
+                                      d.table, ranked, &d.s, d.out + d.i, d.n - d.i, &h, &prefetch)
+                                : DecodeRoundsRankedVbmiWithHuffman<false>(
+                                      d.table, ranked, &d.s, d.out + d.i, d.n - d.i, &h, &prefetch);
+    }
+#endif
+    CKPTFS_RETURN_IF_ERROR(HuffmanFinishDecode(&h, prefetch));
+    prefetch = {};
+  }
+  return FinishDecode(&d);
 }
 
 }  // namespace ckptfs

@@ -204,5 +204,144 @@ TEST(RansTest, MalformedStreamsAreCorruptionNeverACrash) {
   EXPECT_FALSE(RansDecode(bad_table.bytes(), back.mutable_bytes()).ok());
 }
 
+// A rANS input decoded beside Huffman inputs (the planes of a delta: its high plane and its low
+// plane's buckets) gives what each decoder gives alone: the bytes, and an error where either
+// gives one. At every vector level (the loop that interleaves the two runs only with AVX-512
+// VBMI) and with either Huffman table (it interleaves only the single-symbol one).
+struct BesideCase {
+  Buffer rans, rans_enc;
+  std::vector<Buffer> huffman, huffman_enc;
+};
+
+// The buffers as a vector (an initializer list would copy them).
+template <typename... B>
+std::vector<Buffer> Buffers(B&&... b) {
+  std::vector<Buffer> v;
+  (v.push_back(std::forward<B>(b)), ...);
+  return v;
+}
+
+BesideCase MakeBesideCase(Buffer rans, const std::vector<Buffer>& huffman) {
+  BesideCase c;
+  c.rans = std::move(rans);
+  EXPECT_GT(Encode(c.rans, &c.rans_enc), 0u);
+  for (const Buffer& h : huffman) {
+    Buffer enc;
+    EXPECT_TRUE(HuffmanEncode(h.bytes(), &enc));
+    c.huffman.push_back(Buffer(h.bytes()));
+    c.huffman_enc.push_back(std::move(enc));
+  }
+  return c;
+}
+
+// Decodes `rans` beside `huffman` (encoded inputs) into fresh buffers of the originals' sizes.
+Status DecodeBeside(const BesideCase& c, const Buffer& rans, const std::vector<Buffer>& huffman,
+                    Buffer* rans_out, std::vector<Buffer>* huffman_out) {
+  *rans_out = Buffer(c.rans.size());
+  huffman_out->clear();
+  std::vector<HuffmanInput> inputs;
+  for (size_t k = 0; k < huffman.size(); ++k) {
+    huffman_out->emplace_back(c.huffman[k].size());
+    inputs.push_back({huffman[k].bytes(), (*huffman_out)[k].mutable_bytes()});
+  }
+  return RansDecodeWithHuffman(rans.bytes(), rans_out->mutable_bytes(), inputs);
+}
+
+std::vector<BesideCase> BesideCases() {
+  std::vector<BesideCase> cases;
+  // A high plane with its low plane in 3 buckets, one of them short; shorter and longer than it.
+  for (size_t n : {size_t{5000}, size_t{1} << 18, (size_t{1} << 18) + 63}) {
+    cases.push_back(MakeBesideCase(
+        DeltaTop(n, 0.8, 3), Buffers(SkewedBuffer(n / 2, 20.0, 4), SkewedBuffer(n / 3, 20.0, 5),
+                                     SkewedBuffer(n / 6 + 1, 20.0, 6))));
+    cases.push_back(MakeBesideCase(DeltaTop(n, 0.9, 7), Buffers(SkewedBuffer(n / 4, 20.0, 8))));
+    cases.push_back(MakeBesideCase(DeltaTop(n / 3, 0.9, 9),
+                                   Buffers(SkewedBuffer(n, 20.0, 10), SkewedBuffer(n, 1.0, 11))));
+  }
+  // None beside it; short codes (the multi-symbol table's inputs); more than 32 and more than 64
+  // ranks (the ranked decoder's two forms, and none).
+  cases.push_back(MakeBesideCase(DeltaTop(100000, 0.7, 12), Buffers()));
+  cases.push_back(
+      MakeBesideCase(DeltaTop(100000, 0.7, 13), Buffers(SkewedBuffer(100000, 0.3, 14))));
+  for (int symbols : {40, 200}) {
+    cases.push_back(
+        MakeBesideCase(WithSymbols(100000, symbols, 15), Buffers(SkewedBuffer(100000, 20.0, 16))));
+  }
+  return cases;
+}
+
+TEST(RansTest, DecodesBesideHuffmanAsEachDecodesAlone) {
+  const std::vector<BesideCase> cases = BesideCases();
+  const CodecVectorLevel before = CapCodecVectorLevelForTesting(CodecVectorLevel::kAvx512);
+  for (CodecVectorLevel level :
+       {CodecVectorLevel::kBaseline, CodecVectorLevel::kAvx2, CodecVectorLevel::kAvx512}) {
+    CapCodecVectorLevelForTesting(level);
+    for (HuffmanDecodeTable table : {HuffmanDecodeTable::kAuto, HuffmanDecodeTable::kSingleSymbol,
+                                     HuffmanDecodeTable::kMultiSymbol}) {
+      const HuffmanDecodeTable table_before = SetHuffmanDecodeTableForTesting(table);
+      for (size_t k = 0; k < cases.size(); ++k) {
+        SCOPED_TRACE("case " + std::to_string(k) + " level " +
+                     std::to_string(static_cast<int>(level)) + " table " +
+                     std::to_string(static_cast<int>(table)));
+        const BesideCase& c = cases[k];
+        Buffer rans_out;
+        std::vector<Buffer> huffman_out;
+        ASSERT_TRUE(DecodeBeside(c, c.rans_enc, c.huffman_enc, &rans_out, &huffman_out).ok());
+        ASSERT_EQ(0, std::memcmp(rans_out.data(), c.rans.data(), c.rans.size()));
+        for (size_t h = 0; h < c.huffman.size(); ++h) {
+          ASSERT_EQ(0, std::memcmp(huffman_out[h].data(), c.huffman[h].data(), c.huffman[h].size()))
+              << h;
+        }
+      }
+      SetHuffmanDecodeTableForTesting(table_before);
+    }
+  }
+  CapCodecVectorLevelForTesting(before);
+}
+
+TEST(RansTest, DecodingBesideHuffmanFailsWhereEitherAloneFails) {
+  const std::vector<BesideCase> cases = BesideCases();
+  std::mt19937 rng(17);
+  int failed = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    const BesideCase& c = cases[trial % cases.size()];
+    Buffer rans(c.rans_enc.bytes());
+    std::vector<Buffer> huffman;
+    for (const Buffer& h : c.huffman_enc) huffman.emplace_back(h.bytes());
+    // Flipped bits in one input, or one input cut short.
+    const size_t victim = rng() % (huffman.size() + 1);
+    Buffer& hit = victim == 0 ? rans : huffman[victim - 1];
+    if (trial % 5 == 0) {
+      hit = Buffer(hit.bytes().first(rng() % hit.size()));
+    } else {
+      for (int f = 0; f < 1 + trial % 3; ++f) {
+        hit.data()[rng() % hit.size()] ^= static_cast<std::byte>(1u << (rng() % 8));
+      }
+    }
+    // Alone.
+    Buffer alone(c.rans.size());
+    std::vector<Buffer> alone_huffman;
+    bool ok = RansDecode(rans.bytes(), alone.mutable_bytes()).ok();
+    for (size_t h = 0; h < huffman.size(); ++h) {
+      alone_huffman.emplace_back(c.huffman[h].size());
+      ok = HuffmanDecode(huffman[h].bytes(), alone_huffman[h].mutable_bytes()).ok() && ok;
+    }
+    // Beside: the same verdict, and where it decodes, the same bytes.
+    Buffer rans_out;
+    std::vector<Buffer> huffman_out;
+    const Status st = DecodeBeside(c, rans, huffman, &rans_out, &huffman_out);
+    ASSERT_EQ(ok, st.ok()) << "trial " << trial << ": " << st.ToString();
+    failed += !ok;
+    if (!ok) continue;
+    ASSERT_EQ(0, std::memcmp(rans_out.data(), alone.data(), alone.size())) << trial;
+    for (size_t h = 0; h < huffman.size(); ++h) {
+      ASSERT_EQ(
+          0, std::memcmp(huffman_out[h].data(), alone_huffman[h].data(), alone_huffman[h].size()))
+          << trial;
+    }
+  }
+  EXPECT_GT(failed, 300);  // truncations at least fail
+}
+
 }  // namespace
 }  // namespace ckptfs

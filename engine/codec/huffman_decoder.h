@@ -1,0 +1,118 @@
+// engine/codec/huffman_decoder.h
+//
+// HuffmanDecode (huffman.h) in its parts, for a decoder that interleaves Huffman decoding with
+// other work in one loop (RansDecodeWithHuffman, rans.h: the vector rANS decoder and this one's
+// integer lookups overlap on one core). Not for other callers: HuffmanDecode is the interface.
+//
+//   HuffmanDecoder d;
+//   CKPTFS_RETURN_IF_ERROR(HuffmanStartDecode(stored, out, &d));  // header, table
+//   if (d.single_table) {  // the caller may decode rounds of its own, its state in locals:
+//     uint64_t left[kHuffmanStreams];
+//     HuffmanLoadWindows(d, left);
+//     for (size_t r = 0, n = HuffmanRoundsLeft(d); r < n; ++r)
+//       for (int k = 0; k < kHuffmanStreams; ++k)
+//         HuffmanSingleRound(d.single, d.data, &pos[k], &out[k], &left[k]);
+//     ... positions and outputs back into d.pos and d.out
+//   }
+//   CKPTFS_RETURN_IF_ERROR(HuffmanFinishDecode(&d, prefetch));  // the rest, the end checks
+//
+// The bytes and the statuses are HuffmanDecode's whatever rounds the caller decodes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "engine/codec/huffman.h"
+#include "engine/util/buffer.h"
+#include "engine/util/status.h"
+
+namespace ckptfs {
+
+inline constexpr int kHuffmanStreams = 4;
+inline constexpr uint32_t kHuffmanTableMask = (1u << kHuffmanMaxBits) - 1;
+
+// A decode in progress: the 4 streams' positions in bits from `data` and their output runs.
+struct HuffmanDecoder {
+  // The single-symbol table (per value of the next kHuffmanMaxBits bits: the code length in
+  // bits 0-7, the symbol in 8-15): the calling thread's, valid until its next Huffman decode.
+  const uint16_t* single = nullptr;
+  // Whether the single-symbol table decodes this input (the cost model's choice, or the
+  // tests'): only then may the caller decode rounds itself.
+  bool single_table = false;
+  const uint8_t* data = nullptr;
+  size_t data_size = 0;
+  size_t begin[kHuffmanStreams] = {};
+  size_t end_bits[kHuffmanStreams] = {};
+  size_t pos[kHuffmanStreams] = {};
+  uint8_t* out[kHuffmanStreams] = {};
+  uint8_t* out_end[kHuffmanStreams] = {};
+};
+
+// Reads the header of `stored` and builds the single-symbol table; `out` receives the decoded
+// bytes (exactly the encoded input's length). Corruption as HuffmanDecode.
+Status HuffmanStartDecode(Bytes stored, MutableBytes out, HuffmanDecoder* d);
+
+// Decodes what the caller's rounds left and checks that every stream ends where its length says.
+Status HuffmanFinishDecode(HuffmanDecoder* d, Bytes prefetch);
+
+// How many rounds (4 symbols from each stream, at most 44 bits each) every stream has room for,
+// input (8-byte loads within `data`) and output.
+inline size_t HuffmanRoundsLeft(const HuffmanDecoder& d) {
+  size_t rounds = SIZE_MAX;
+  for (int k = 0; k < kHuffmanStreams; ++k) {
+    const size_t room_out = static_cast<size_t>(d.out_end[k] - d.out[k]) / 4;
+    if (d.data_size < 8 || d.pos[k] > (d.data_size - 8) * 8) return 0;
+    const size_t room_in = ((d.data_size - 8) * 8 - d.pos[k]) / 44 + 1;
+    rounds = room_out < rounds ? room_out : rounds;
+    rounds = room_in < rounds ? room_in : rounds;
+  }
+  return rounds;
+}
+
+// A stream's window: 8 bytes from bit `at`, shifted to it, with bit 63 as a marker: a round reads
+// at most bits 0-54 of it (44 bits of codes and an 11-bit index), and after the round's shifts
+// its leading zeros count the bits used.
+inline uint64_t HuffmanWindow(const uint8_t* data, size_t at) {
+  uint64_t v;
+  std::memcpy(&v, data + (at >> 3), 8);  // little-endian host
+  return v >> (at & 7) | uint64_t{1} << 63;
+}
+
+// Each stream's window at its position, for the first round's first lookup (what a round leaves
+// of its window, at least 13 valid bits, starts the next one: its first lookup then need not
+// wait for the round's own window, whose load waits for the last round's bit count).
+inline void HuffmanLoadWindows(const HuffmanDecoder& d, uint64_t left[kHuffmanStreams]) {
+  for (int k = 0; k < kHuffmanStreams; ++k) left[k] = HuffmanWindow(d.data, d.pos[k]);
+}
+
+// 4 symbols of a stream from the single-symbol table `t`: `left` holds the codes (what the last
+// round left of its window), `b` the stream's window at its position; stores the symbols at
+// out[0..3] and returns b shifted past them (its leading zeros: the bits used).
+__attribute__((always_inline)) inline uint64_t HuffmanSingleLookups(const uint16_t* t,
+                                                                    uint64_t left, uint64_t b,
+                                                                    uint8_t* out) {
+  uint32_t e = t[left & kHuffmanTableMask];
+  for (int j = 0;; ++j) {
+    out[j] = static_cast<uint8_t>(e >> 8);
+    b >>= e & 63;  // a 64-bit shift uses the count's low 6 bits: the code length
+    if (j == 3) break;
+    e = t[b & kHuffmanTableMask];
+  }
+  return b;
+}
+
+// One round of a stream at *pos (bits from `data`) writing at *out, both advanced; *left as
+// above. REQUIRES: a round left (HuffmanRoundsLeft). The caller keeps the streams' state in
+// locals: through a HuffmanDecoder every byte stored could alias it, and the compiler would
+// reload it after each one.
+__attribute__((always_inline)) inline void HuffmanSingleRound(const uint16_t* t,
+                                                              const uint8_t* data, size_t* pos,
+                                                              uint8_t** out, uint64_t* left) {
+  const uint64_t b = HuffmanSingleLookups(t, *left, HuffmanWindow(data, *pos), *out);
+  *out += 4;
+  *pos += static_cast<size_t>(__builtin_clzll(b));
+  *left = b;
+}
+
+}  // namespace ckptfs
