@@ -36,7 +36,6 @@ inline uint16_t Load16(const uint8_t* p) {
   std::memcpy(&v, p, 2);  // little-endian host: p[0] in the low byte
   return v;
 }
-inline void Store32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }
 
 // Input run k of n bytes cut into kStreams runs.
 inline size_t RunSize(size_t n) { return (n + kStreams - 1) / kStreams; }
@@ -348,23 +347,10 @@ void BuildSingleTable(const uint8_t len[256], uint16_t* single) {
   }
 }
 
-// A decoding table entry: the symbols that the next kHuffmanMaxBits bits start with (up to 4,
-// as many as fit whole), their total bit count, and the first symbol's code length. `bits` is
-// the lowest byte of the entry read as a little-endian uint64: DecodeRounds shifts its bit
-// window by the whole entry (a 64-bit shift uses only the count's low 6 bits, and bits <= 11),
-// so that the next lookup waits for the load, the mask and one shift only.
-struct Entry {
-  uint8_t bits;
-  uint8_t count;
-  uint8_t first_bits;
-  uint8_t unused;
-  uint32_t symbols;
-};
-
 // The table of up to 4 symbols per lookup, from the single-symbol one.
-void BuildMultiTable(const uint16_t* single, Entry* table) {
+void BuildMultiTable(const uint16_t* single, HuffmanEntry* table) {
   for (uint32_t idx = 0; idx < kTableSize; ++idx) {
-    Entry e{0, 0, static_cast<uint8_t>(single[idx] & 0xff), 0, 0};
+    HuffmanEntry e{0, 0, static_cast<uint8_t>(single[idx] & 0xff), 0, 0};
     while (e.count < 4) {
       const uint16_t d = single[(idx >> e.bits) & kTableMask];
       const int l = d & 0xff;
@@ -426,14 +412,14 @@ bool UseMultiTable(const uint8_t len[256], size_t n) {
 }
 
 // Decodes kCount streams interleaved: each round makes 4 lookups per stream (at most 44 bits)
-// from one 8-byte load: in the multi-symbol table (Entry: up to 16 bytes a round) or in the
+// from one 8-byte load: in the multi-symbol table (HuffmanEntry: up to 16 bytes a round) or in the
 // single-symbol one (uint16_t: 4 bytes a round). It runs as many rounds as every stream has room
 // for, input and output. Advances pos[] and out[]. The state is kept in locals: in the arrays,
 // every byte store could alias it and the compiler would reload it after each one.
 template <int kCount, typename Table>
 inline void DecodeRounds(const Table* t, const uint8_t* data, size_t data_size, size_t pos_io[],
                          uint8_t* out_io[], uint8_t* const out_end[], Bytes* prefetch) {
-  constexpr bool kMulti = std::is_same_v<Table, Entry>;
+  constexpr bool kMulti = std::is_same_v<Table, HuffmanEntry>;
   constexpr size_t kOutPerRound = kMulti ? 16 : 4;
   size_t pos[kCount];
   uint8_t* out[kCount];
@@ -474,15 +460,7 @@ inline void DecodeRounds(const Table* t, const uint8_t* data, size_t data_size, 
       for (int k = 0; k < kCount; ++k) {
         uint64_t b = window(pos[k]);
         if constexpr (kMulti) {
-          uint64_t e;
-          std::memcpy(&e, &t[left[k] & kTableMask], 8);  // little-endian host: bits in byte 0
-          for (int j = 0;; ++j) {
-            Store32(out[k], static_cast<uint32_t>(e >> 32));
-            out[k] += (e >> 8) & 0xff;
-            b >>= e & 63;  // the next lookup waits for this mask, load and shift only
-            if (j == 3) break;
-            std::memcpy(&e, &t[b & kTableMask], 8);
-          }
+          b = HuffmanMultiLookups(t, left[k], b, &out[k]);
         } else {
           b = HuffmanSingleLookups(t, left[k], b, out[k]);
           out[k] += 4;
@@ -802,18 +780,21 @@ Status HuffmanStartDecode(Bytes stored, MutableBytes out_bytes, HuffmanDecoder* 
     d->out[k] = out_base + RunBegin(n, k);
     d->out_end[k] = out_base + RunEnd(n, k);
   }
-  d->single_table = !UseMultiTable(len, n);
+  d->multi = nullptr;
+  if (UseMultiTable(len, n)) {
+    thread_local std::array<HuffmanEntry, kTableSize> multi;
+    BuildMultiTable(d->single, multi.data());
+    d->multi = multi.data();
+  }
   return Status::OK();
 }
 
 Status HuffmanFinishDecode(HuffmanDecoder* d, Bytes prefetch) {
-  static_assert(sizeof(Entry) == 8);
-  if (d->single_table) {
-    DecodeFast(d->single, d->data, d->data_size, d->pos, d->out, d->out_end, prefetch);
+  static_assert(sizeof(HuffmanEntry) == 8);
+  if (d->multi != nullptr) {
+    DecodeFast(d->multi, d->data, d->data_size, d->pos, d->out, d->out_end, prefetch);
   } else {
-    thread_local std::array<Entry, kTableSize> table;
-    BuildMultiTable(d->single, table.data());
-    DecodeFast(table.data(), d->data, d->data_size, d->pos, d->out, d->out_end, prefetch);
+    DecodeFast(d->single, d->data, d->data_size, d->pos, d->out, d->out_end, prefetch);
   }
   // Tails, one symbol at a time with bounds-checked loads.
   const uint8_t* data = d->data;

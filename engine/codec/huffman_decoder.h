@@ -6,14 +6,13 @@
 //
 //   HuffmanDecoder d;
 //   CKPTFS_RETURN_IF_ERROR(HuffmanStartDecode(stored, out, &d));  // header, table
-//   if (d.single_table) {  // the caller may decode rounds of its own, its state in locals:
-//     uint64_t left[kHuffmanStreams];
-//     HuffmanLoadWindows(d, left);
-//     for (size_t r = 0, n = HuffmanRoundsLeft(d); r < n; ++r)
-//       for (int k = 0; k < kHuffmanStreams; ++k)
-//         HuffmanSingleRound(d.single, d.data, &pos[k], &out[k], &left[k]);
-//     ... positions and outputs back into d.pos and d.out
-//   }
+//   // The caller may decode rounds of its own, its state in locals:
+//   uint64_t left[kHuffmanStreams];
+//   HuffmanLoadWindows(d, left);
+//   for (size_t r = 0, n = HuffmanRoundsLeft(d); r < n; ++r)
+//     for (int k = 0; k < kHuffmanStreams; ++k)
+//       HuffmanRound(d.single, d.data, &pos[k], &out[k], &left[k]);  // or d.multi if set
+//   ... positions and outputs back into d.pos and d.out
 //   CKPTFS_RETURN_IF_ERROR(HuffmanFinishDecode(&d, prefetch));  // the rest, the end checks
 //
 // The bytes and the statuses are HuffmanDecode's whatever rounds the caller decodes.
@@ -22,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "engine/codec/huffman.h"
 #include "engine/util/buffer.h"
@@ -32,14 +32,27 @@ namespace ckptfs {
 inline constexpr int kHuffmanStreams = 4;
 inline constexpr uint32_t kHuffmanTableMask = (1u << kHuffmanMaxBits) - 1;
 
+// An entry of the multi-symbol table: the symbols that the next kHuffmanMaxBits bits start with
+// (up to 4, as many as fit whole), their total bit count, and the first symbol's code length.
+// `bits` is the lowest byte of the entry read as a little-endian uint64: the decoder shifts its
+// bit window by the whole entry (a 64-bit shift uses only the count's low 6 bits, and bits <=
+// 11), so that the next lookup waits for the load, the mask and one shift only.
+struct HuffmanEntry {
+  uint8_t bits;
+  uint8_t count;
+  uint8_t first_bits;
+  uint8_t unused;
+  uint32_t symbols;
+};
+
 // A decode in progress: the 4 streams' positions in bits from `data` and their output runs.
 struct HuffmanDecoder {
   // The single-symbol table (per value of the next kHuffmanMaxBits bits: the code length in
   // bits 0-7, the symbol in 8-15): the calling thread's, valid until its next Huffman decode.
   const uint16_t* single = nullptr;
-  // Whether the single-symbol table decodes this input (the cost model's choice, or the
-  // tests'): only then may the caller decode rounds itself.
-  bool single_table = false;
+  // The multi-symbol table where it decodes this input (the cost model's choice, or the
+  // tests'), else null: the calling thread's, as `single`.
+  const HuffmanEntry* multi = nullptr;
   const uint8_t* data = nullptr;
   size_t data_size = 0;
   size_t begin[kHuffmanStreams] = {};
@@ -61,7 +74,8 @@ Status HuffmanFinishDecode(HuffmanDecoder* d, Bytes prefetch);
 inline size_t HuffmanRoundsLeft(const HuffmanDecoder& d) {
   size_t rounds = SIZE_MAX;
   for (int k = 0; k < kHuffmanStreams; ++k) {
-    const size_t room_out = static_cast<size_t>(d.out_end[k] - d.out[k]) / 4;
+    // A round stores 4 bytes a lookup with the multi-symbol table (up to 4 symbols each).
+    const size_t room_out = static_cast<size_t>(d.out_end[k] - d.out[k]) / (d.multi ? 16 : 4);
     if (d.data_size < 8 || d.pos[k] > (d.data_size - 8) * 8) return 0;
     const size_t room_in = ((d.data_size - 8) * 8 - d.pos[k]) / 44 + 1;
     rounds = room_out < rounds ? room_out : rounds;
@@ -102,15 +116,40 @@ __attribute__((always_inline)) inline uint64_t HuffmanSingleLookups(const uint16
   return b;
 }
 
+// The same from the multi-symbol table `t`: stores the symbols from *out on (16 bytes, of which
+// the symbols decoded count) and advances *out past them.
+__attribute__((always_inline)) inline uint64_t HuffmanMultiLookups(const HuffmanEntry* t,
+                                                                   uint64_t left, uint64_t b,
+                                                                   uint8_t** out) {
+  uint64_t e;
+  std::memcpy(&e, &t[left & kHuffmanTableMask], 8);  // little-endian host: bits in byte 0
+  for (int j = 0;; ++j) {
+    const auto symbols = static_cast<uint32_t>(e >> 32);
+    std::memcpy(*out, &symbols, 4);
+    *out += (e >> 8) & 0xff;
+    b >>= e & 63;  // the next lookup waits for this mask, load and shift only
+    if (j == 3) break;
+    std::memcpy(&e, &t[b & kHuffmanTableMask], 8);
+  }
+  return b;
+}
+
 // One round of a stream at *pos (bits from `data`) writing at *out, both advanced; *left as
-// above. REQUIRES: a round left (HuffmanRoundsLeft). The caller keeps the streams' state in
+// above; `t` the single-symbol or the multi-symbol table. REQUIRES: a round left
+// (HuffmanRoundsLeft). The caller keeps the streams' state in
 // locals: through a HuffmanDecoder every byte stored could alias it, and the compiler would
 // reload it after each one.
-__attribute__((always_inline)) inline void HuffmanSingleRound(const uint16_t* t,
-                                                              const uint8_t* data, size_t* pos,
-                                                              uint8_t** out, uint64_t* left) {
-  const uint64_t b = HuffmanSingleLookups(t, *left, HuffmanWindow(data, *pos), *out);
-  *out += 4;
+template <typename Table>
+__attribute__((always_inline)) inline void HuffmanRound(const Table* t, const uint8_t* data,
+                                                        size_t* pos, uint8_t** out,
+                                                        uint64_t* left) {
+  uint64_t b = HuffmanWindow(data, *pos);
+  if constexpr (std::is_same_v<Table, HuffmanEntry>) {
+    b = HuffmanMultiLookups(t, *left, b, out);
+  } else {
+    b = HuffmanSingleLookups(t, *left, b, *out);
+    *out += 4;
+  }
   *pos += static_cast<size_t>(__builtin_clzll(b));
   *left = b;
 }

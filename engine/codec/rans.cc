@@ -576,16 +576,17 @@ DecodeRoundsRankedVbmi(const uint32_t* t, const RankedDecTables& r, Stream* s, u
   return RankedRounds<k32>(t, r, s, out, n, SIZE_MAX, [](int) {});
 }
 
-// RankedRounds beside the rounds of a Huffman decode with the single-symbol table: before each
-// of a round's 4 vectors (16 symbols), a round of the Huffman decode's 4 streams (16 symbols),
-// while both have room; the Huffman streams' state in locals, as HuffmanSingleRound asks.
-// Returns the rANS symbols decoded; advances h's positions and outputs. `prefetch`: as
-// HuffmanDecode's, a cache line of it asked for per round of Huffman.
-template <bool k32>
+// RankedRounds beside the rounds of a Huffman decode: before each of a round's 4 vectors (16
+// symbols), a round of the Huffman decode's 4 streams (16 lookups in its table `ht`, the
+// single-symbol or the multi-symbol one), while both have room; the Huffman streams' state in
+// locals, as HuffmanRound asks. Returns the rANS symbols decoded; advances h's positions and
+// outputs. `prefetch`: as HuffmanDecode's, a cache line of it asked for per round of Huffman.
+template <bool k32, typename HuffmanTable>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,avx2,bmi2"), flatten))
 CKPTFS_NOT_CLONED size_t
 DecodeRoundsRankedVbmiWithHuffman(const uint32_t* t, const RankedDecTables& r, Stream* s,
-                                  uint8_t* out, size_t n, HuffmanDecoder* h, Bytes* prefetch) {
+                                  uint8_t* out, size_t n, const HuffmanTable* ht, HuffmanDecoder* h,
+                                  Bytes* prefetch) {
   size_t i = 0;
   for (;;) {
     // HuffmanRoundsLeft counts 44 bits a round, more than most use: asked again after each run.
@@ -599,7 +600,6 @@ DecodeRoundsRankedVbmiWithHuffman(const uint32_t* t, const RankedDecTables& r, S
       hout[k] = h->out[k];
     }
     HuffmanLoadWindows(*h, left);
-    const uint16_t* single = h->single;
     const uint8_t* data = h->data;
     const size_t done = RankedRounds<k32>(t, r, s, out + i, n - i, rounds, [&](int) {
       if (!prefetch->empty()) {  // a cache line per round of Huffman, as HuffmanDecode asks
@@ -607,7 +607,7 @@ DecodeRoundsRankedVbmiWithHuffman(const uint32_t* t, const RankedDecTables& r, S
         *prefetch = prefetch->subspan(std::min<size_t>(64, prefetch->size()));
       }
       for (int k = 0; k < kHuffmanStreams; ++k) {
-        HuffmanSingleRound(single, data, &pos[k], &hout[k], &left[k]);
+        HuffmanRound(ht, data, &pos[k], &hout[k], &left[k]);
       }
     });
     for (int k = 0; k < kHuffmanStreams; ++k) {
@@ -618,6 +618,19 @@ DecodeRoundsRankedVbmiWithHuffman(const uint32_t* t, const RankedDecTables& r, S
     if (done < rounds * kStates) break;  // the rANS words or symbols ran out
   }
   return i;
+}
+
+// The rounds of DecodeRoundsRankedVbmiWithHuffman for the ranked tables' form and h's table.
+size_t RankedRoundsWithHuffman(const uint32_t* t, const RankedDecTables& r, Stream* s, uint8_t* out,
+                               size_t n, HuffmanDecoder* h, Bytes* prefetch) {
+  if (h->multi != nullptr) {
+    return r.ranks <= 32
+               ? DecodeRoundsRankedVbmiWithHuffman<true>(t, r, s, out, n, h->multi, h, prefetch)
+               : DecodeRoundsRankedVbmiWithHuffman<false>(t, r, s, out, n, h->multi, h, prefetch);
+  }
+  return r.ranks <= 32
+             ? DecodeRoundsRankedVbmiWithHuffman<true>(t, r, s, out, n, h->single, h, prefetch)
+             : DecodeRoundsRankedVbmiWithHuffman<false>(t, r, s, out, n, h->single, h, prefetch);
 }
 #if !defined(__clang__)
 #pragma GCC diagnostic pop
@@ -867,11 +880,8 @@ Status RansDecodeWithHuffman(Bytes rans, MutableBytes rans_out,
     HuffmanDecoder h;
     CKPTFS_RETURN_IF_ERROR(HuffmanStartDecode(in.stored, in.out, &h));
 #if defined(__x86_64__)
-    if (h.single_table && ranked_decoding) {
-      d.i += ranked.ranks <= 32 ? DecodeRoundsRankedVbmiWithHuffman<true>(
-                                      d.table, ranked, &d.s, d.out + d.i, d.n - d.i, &h, &prefetch)
-                                : DecodeRoundsRankedVbmiWithHuffman<false>(
-                                      d.table, ranked, &d.s, d.out + d.i, d.n - d.i, &h, &prefetch);
+    if (ranked_decoding) {
+      d.i += RankedRoundsWithHuffman(d.table, ranked, &d.s, d.out + d.i, d.n - d.i, &h, &prefetch);
     }
 #endif
     CKPTFS_RETURN_IF_ERROR(HuffmanFinishDecode(&h, prefetch));

@@ -62,11 +62,10 @@ struct HuffmanInput {
 
 // RansDecode(rans, rans_out), and HuffmanDecode(in.stored, in.out) for each of `huffman` in
 // order (the first given `prefetch`): the same bytes; Corruption where either would give it.
-// Where the CPU has AVX-512 VBMI, the rANS table its ranked form and a Huffman input the
-// single-symbol table, they are decoded in one loop, the rANS decode going on from one Huffman
-// input to the next: rANS in the vector units and Huffman in the integer ones overlap on one
-// core (a bf16 delta's high plane and its low plane's buckets: ~20% faster than one after the
-// other on Zen 4).
+// Where the CPU has AVX-512 VBMI and the rANS table its ranked form, they are decoded in one
+// loop, the rANS decode going on from one Huffman input to the next: rANS in the vector units
+// and Huffman in the integer ones overlap on one core (a bf16 delta's high plane and its low
+// plane's buckets: ~20% faster than one after the other on Zen 4).
 Status RansDecodeWithHuffman(Bytes rans, MutableBytes rans_out,
                              std::span<const HuffmanInput> huffman, Bytes prefetch = {});
 
