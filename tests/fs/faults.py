@@ -180,6 +180,33 @@ def _snapshot(mnt, name, rng, log):
     return files
 
 
+def forget(mnt, log, known, sealed, keep):
+    """`ckptfs forget --keep-last keep`, with a "D" line first for every version it removes.
+
+    Which ones the store says (a dry run): it forgets every sealed version beyond the newest
+    `keep`, and the store may hold sealed versions whose "S" line is missing (the kill landed
+    between a seal's commit and its line: after `ckptfs seal` committed, or between a
+    snapshot's "A" lines and its "S"), with acknowledged files: a "D" for the sealed versions
+    the log knows only would leave those files acknowledged (a kill9 failure, seed 40910).
+    Nothing else changes the namespace meanwhile (no retention, no sealer: --seal-after 0).
+    What is still there afterwards is acknowledged again."""
+    plan = json.loads(mounted.ckptfs("forget", mnt, "--keep-last", keep, "--dry-run",
+                                     "--json").stdout)
+    going = sorted(v["name"] for v in plan["forgotten"])
+    for v in going:
+        log("D", v)
+    mounted.ckptfs("forget", mnt, "--keep-last", keep)
+    for v in going:
+        if os.path.isdir(os.path.join(mnt, v)):
+            for rel, digest in sorted(known.items()):
+                if rel.startswith(v + "/"):
+                    log("A", rel, digest)
+            if v in sealed:
+                log("S", v)
+        else:
+            sealed.discard(v)
+
+
 def writer(mnt, ack_path, round_no, seed, snapshots):
     """Saves versions through `mnt` until the mount dies; never returns (os._exit)."""
     rng = random.Random(seed)
@@ -260,20 +287,8 @@ def writer(mnt, ack_path, round_no, seed, snapshots):
                 mounted.ckptfs("gc", mnt)
                 log("G")
             if rng.random() < 0.07 and sealed:
-                # forget removes sealed versions beyond the newest few: every sealed one may go;
-                # what is still there afterwards is acknowledged again.
                 log("P", "forget")
-                for v in sorted(sealed):
-                    log("D", v)
-                mounted.ckptfs("forget", mnt, "--keep-last", rng.randrange(2, 6))
-                for v in sorted(sealed):
-                    if os.path.isdir(os.path.join(mnt, v)):
-                        for rel, digest in sorted(known.items()):
-                            if rel.startswith(v + "/"):
-                                log("A", rel, digest)
-                        log("S", v)
-                    else:
-                        sealed.discard(v)
+                forget(mnt, log, known, sealed, rng.randrange(2, 6))
                 made = [v for v in made if os.path.isdir(os.path.join(mnt, v))]
     except (OSError, AssertionError, subprocess.TimeoutExpired, RuntimeError):
         pass  # the mount died under it (ckptfs.snapshot raises RuntimeError)

@@ -13,6 +13,7 @@ resumes).
     CKPTFS_KILL9_ROUNDS=N (default: each phase once)  CKPTFS_KILL9_SEED=S (default: clock)
 scripts/faults.sh kill9 ROUNDS runs the long form.
 """
+import hashlib
 import json
 import multiprocessing
 import os
@@ -95,6 +96,48 @@ class Kill9Test(unittest.TestCase):
             # fsyncs answered by the fsync journal whose commit a kill interrupted (docs/fs.md)
             "journals_recovered": log.count("committed now (journal"),
             "passthrough_mounts": log.count("FUSE passthrough: on")}), file=sys.stderr)
+
+    def test_forget_after_a_seal_the_log_missed(self):
+        """A kill between a seal's commit and its "S" line leaves a sealed version whose
+        files are acknowledged; a later round's forget removes it: the writer must log its
+        removal (faults.forget), else the next check finds its files missing."""
+        base = tempfile.mkdtemp(prefix="kill9-forget-", dir=mounted.root_dir())
+        ack_path = os.path.join(base, "acknowledged")
+        m = mounted.Mount("kill9-forget", ["--seal-after", "0"])
+        self.addCleanup(m.close)
+
+        def kill():
+            pid = m.pid
+            os.kill(pid, signal.SIGKILL)
+            self.assertTrue(mounted.wait_until(lambda: not mounted.pid_alive(pid), 30))
+            mounted.force_unmount(m.mnt, pid)
+            m.pid = None
+            self.assertTrue(faults.wait_unlocked(m.store))
+
+        m.mount()
+        log = faults.AckLog(ack_path, m.mnt)
+        for v in ("r001v000", "r001v001"):  # one seal logged, one not (the kill came first)
+            os.mkdir(os.path.join(m.mnt, v))
+            data = os.urandom(100000)
+            with open(os.path.join(m.mnt, v, "model.pt"), "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            log("A", v + "/model.pt", hashlib.sha256(data).hexdigest())
+            mounted.ckptfs("seal", os.path.join(m.mnt, v))
+        log("S", "r001v000")
+        kill()
+        m.mount()
+        faults.check_store(self, m.mnt, ack_path, "after the first kill")
+        known, sealed = faults.acknowledged(ack_path)
+        self.assertEqual(sealed, {"r001v000"})
+        for v in ("r002v000", "r002v001", "r002v002"):
+            os.mkdir(os.path.join(m.mnt, v))
+        faults.forget(m.mnt, faults.AckLog(ack_path, m.mnt), known, sealed, 2)
+        self.assertFalse(os.path.exists(os.path.join(m.mnt, "r001v001")))
+        kill()
+        m.mount()
+        faults.check_store(self, m.mnt, ack_path, "after the forget")
 
 
 if __name__ == "__main__":
