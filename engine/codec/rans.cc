@@ -825,14 +825,38 @@ Status FinishDecode(RansDecoder* d) {
   size_t i = d->i;
 #if defined(__x86_64__)
   RankedDecTables ranked;
-  if (RankedDecoding(*d, &ranked)) {
-    i += ranked.ranks <= 32
-             ? DecodeRoundsRankedVbmi<true>(d->table, ranked, &d->s, out + i, n - i)
-             : DecodeRoundsRankedVbmi<false>(d->table, ranked, &d->s, out + i, n - i);
-  } else if (CodecVectorLevelInUse() >= CodecVectorLevel::kAvx512) {
-    i += DecodeRoundsAvx512(d->table, &d->s, out + i, n - i);
-  } else if (CodecVectorLevelInUse() >= CodecVectorLevel::kAvx2) {
-    i += DecodeRoundsAvx2(d->table, &d->s, out + i, n - i);
+  const bool ranked_decoding = RankedDecoding(*d, &ranked);
+  // The vector rounds of the CPU's level on `s`, from symbol i on; returns the symbols decoded.
+  auto rounds = [&](Stream* s) -> size_t {
+    if (ranked_decoding) {
+      return ranked.ranks <= 32
+                 ? DecodeRoundsRankedVbmi<true>(d->table, ranked, s, out + i, n - i)
+                 : DecodeRoundsRankedVbmi<false>(d->table, ranked, s, out + i, n - i);
+    }
+    if (CodecVectorLevelInUse() >= CodecVectorLevel::kAvx512) {
+      return DecodeRoundsAvx512(d->table, s, out + i, n - i);
+    }
+    if (CodecVectorLevelInUse() >= CodecVectorLevel::kAvx2) {
+      return DecodeRoundsAvx2(d->table, s, out + i, n - i);
+    }
+    return 0;
+  };
+  i += rounds(&d->s);
+  // They stop where a round's words (up to 2 * kStates bytes) could run past the stream's end,
+  // which left ~2,000 symbols of a low-entropy plane to the loop below (~3% of decoding a late
+  // step's bf16 weight deltas). The rest of the words, copied where 2 * kStates bytes of room
+  // follow them, let the rounds run on to the last whole one; a stream that reads past its end
+  // there is corrupt, as the loop below would find.
+  const auto left = static_cast<size_t>(d->s.end - d->s.w);  // < 2 * kStates if n - i >= kStates
+  if (n - i >= kStates && left < 2 * kStates &&
+      CodecVectorLevelInUse() >= CodecVectorLevel::kAvx2) {
+    alignas(64) uint8_t words[4 * kStates] = {};
+    std::memcpy(words, d->s.w, left);
+    Stream padded{words, words + sizeof(words), d->x};
+    i += rounds(&padded);
+    const auto used = static_cast<size_t>(padded.w - words);
+    if (used > left) return Status::Corruption("rans: the stream ends early");
+    d->s.w += used;
   }
 #endif
   const uint32_t* t = d->table;
