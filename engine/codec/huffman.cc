@@ -9,7 +9,6 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -419,8 +418,6 @@ bool UseMultiTable(const uint8_t len[256], size_t n) {
 template <int kCount, typename Table>
 inline void DecodeRounds(const Table* t, const uint8_t* data, size_t data_size, size_t pos_io[],
                          uint8_t* out_io[], uint8_t* const out_end[], Bytes* prefetch) {
-  constexpr bool kMulti = std::is_same_v<Table, HuffmanEntry>;
-  constexpr size_t kOutPerRound = kMulti ? 16 : 4;
   size_t pos[kCount];
   uint8_t* out[kCount];
   for (int k = 0; k < kCount; ++k) {
@@ -430,44 +427,15 @@ inline void DecodeRounds(const Table* t, const uint8_t* data, size_t data_size, 
   for (;;) {
     size_t rounds = SIZE_MAX;
     for (int k = 0; k < kCount; ++k) {
-      const size_t room_out = static_cast<size_t>(out_end[k] - out[k]) / kOutPerRound;
-      // (pos[k] / 8 > data_size - 8 let pos[k] be up to 7 bits past (data_size - 8) * 8, and
-      // room_in below then wrapped around: 8-byte loads past the record. ASan found it.)
-      if (data_size < 8 || pos[k] > (data_size - 8) * 8) {
-        rounds = 0;
-        break;
-      }
-      const size_t room_in = ((data_size - 8) * 8 - pos[k]) / 44 + 1;
-      rounds = std::min({rounds, room_out, room_in});
+      rounds = std::min(rounds, HuffmanStreamRounds(data_size, pos[k], out[k], out_end[k],
+                                                    kHuffmanOutPerRound<Table>));
     }
     if (rounds == 0) break;
-    // A stream's window: 8 bytes from its position, shifted to it, with bit 63 as a marker: a
-    // round reads at most bits 0-54 of it (44 bits of codes and an 11-bit index), and after the
-    // round's shifts its leading zeros count the bits used.
-    auto window = [data](size_t at) {
-      return Load64(data + (at >> 3)) >> (at & 7) | uint64_t{1} << 63;
-    };
-    // What the last round left of each stream's window: its low bits (at least 13 valid ones)
-    // are the next codes, so a round's first lookup need not wait for the round's own window,
-    // whose load waits for the last round's bit count.
-    uint64_t left[kCount];
-    for (int k = 0; k < kCount; ++k) left[k] = window(pos[k]);
+    uint64_t left[kCount];  // what the last round left of each stream's window (HuffmanRound)
+    for (int k = 0; k < kCount; ++k) left[k] = HuffmanWindow(data, pos[k]);
     for (size_t r = 0; r < rounds; ++r) {
-      if (!prefetch->empty()) {  // a cache line per round (of 4 to 64 symbols per stream)
-        __builtin_prefetch(prefetch->data());
-        *prefetch = prefetch->subspan(std::min<size_t>(64, prefetch->size()));
-      }
-      for (int k = 0; k < kCount; ++k) {
-        uint64_t b = window(pos[k]);
-        if constexpr (kMulti) {
-          b = HuffmanMultiLookups(t, left[k], b, &out[k]);
-        } else {
-          b = HuffmanSingleLookups(t, left[k], b, out[k]);
-          out[k] += 4;
-        }
-        pos[k] += static_cast<size_t>(__builtin_clzll(b));
-        left[k] = b;
-      }
+      HuffmanPrefetchNext(prefetch);  // a cache line per round (of 4 to 64 symbols per stream)
+      for (int k = 0; k < kCount; ++k) HuffmanRound(t, data, &pos[k], &out[k], &left[k]);
     }
   }
   for (int k = 0; k < kCount; ++k) {

@@ -69,19 +69,43 @@ Status HuffmanStartDecode(Bytes stored, MutableBytes out, HuffmanDecoder* d);
 // Decodes what the caller's rounds left and checks that every stream ends where its length says.
 Status HuffmanFinishDecode(HuffmanDecoder* d, Bytes prefetch);
 
-// How many rounds (4 symbols from each stream, at most 44 bits each) every stream has room for,
-// input (8-byte loads within `data`) and output.
+// The bytes a round stores per stream with table `Table`: a byte per lookup with the
+// single-symbol table (uint16_t), 4 per lookup with the multi-symbol one (up to 4 symbols each).
+template <typename Table>
+inline constexpr size_t kHuffmanOutPerRound = std::is_same_v<Table, HuffmanEntry> ? 16 : 4;
+
+// How many rounds (4 lookups, at most 44 bits) a stream at bit `pos` of `data` (`data_size`
+// bytes) writing at `out` has room for: input (8-byte loads within `data`) and output (up to
+// `out_end`, `out_per_round` bytes stored a round).
+inline size_t HuffmanStreamRounds(size_t data_size, size_t pos, const uint8_t* out,
+                                  const uint8_t* out_end, size_t out_per_round) {
+  // (pos / 8 > data_size - 8 let pos be up to 7 bits past (data_size - 8) * 8, and room_in
+  // below then wrapped around: 8-byte loads past the record. ASan found it.)
+  if (data_size < 8 || pos > (data_size - 8) * 8) return 0;
+  const size_t room_in = ((data_size - 8) * 8 - pos) / 44 + 1;
+  const size_t room_out = static_cast<size_t>(out_end - out) / out_per_round;
+  return room_in < room_out ? room_in : room_out;
+}
+
+// How many rounds every stream of `d` has room for.
 inline size_t HuffmanRoundsLeft(const HuffmanDecoder& d) {
+  const size_t out_per_round =
+      d.multi ? kHuffmanOutPerRound<HuffmanEntry> : kHuffmanOutPerRound<uint16_t>;
   size_t rounds = SIZE_MAX;
   for (int k = 0; k < kHuffmanStreams; ++k) {
-    // A round stores 4 bytes a lookup with the multi-symbol table (up to 4 symbols each).
-    const size_t room_out = static_cast<size_t>(d.out_end[k] - d.out[k]) / (d.multi ? 16 : 4);
-    if (d.data_size < 8 || d.pos[k] > (d.data_size - 8) * 8) return 0;
-    const size_t room_in = ((d.data_size - 8) * 8 - d.pos[k]) / 44 + 1;
-    rounds = room_out < rounds ? room_out : rounds;
-    rounds = room_in < rounds ? room_in : rounds;
+    const size_t room =
+        HuffmanStreamRounds(d.data_size, d.pos[k], d.out[k], d.out_end[k], out_per_round);
+    rounds = room < rounds ? room : rounds;
   }
   return rounds;
+}
+
+// Asks for the next cache line of `prefetch` (bytes the caller reads after the decode: a delta's
+// base) from memory, which is idle while the decoder looks codes up: once per round.
+inline void HuffmanPrefetchNext(Bytes* prefetch) {
+  if (prefetch->empty()) return;
+  __builtin_prefetch(prefetch->data());
+  *prefetch = prefetch->subspan(prefetch->size() < 64 ? prefetch->size() : 64);
 }
 
 // A stream's window: 8 bytes from bit `at`, shifted to it, with bit 63 as a marker: a round reads

@@ -602,10 +602,7 @@ DecodeRoundsRankedVbmiWithHuffman(const uint32_t* t, const RankedDecTables& r, S
     HuffmanLoadWindows(*h, left);
     const uint8_t* data = h->data;
     const size_t done = RankedRounds<k32>(t, r, s, out + i, n - i, rounds, [&](int) {
-      if (!prefetch->empty()) {  // a cache line per round of Huffman, as HuffmanDecode asks
-        __builtin_prefetch(prefetch->data());
-        *prefetch = prefetch->subspan(std::min<size_t>(64, prefetch->size()));
-      }
+      HuffmanPrefetchNext(prefetch);  // a cache line per round of Huffman, as HuffmanDecode asks
       for (int k = 0; k < kHuffmanStreams; ++k) {
         HuffmanRound(ht, data, &pos[k], &hout[k], &left[k]);
       }
@@ -753,15 +750,20 @@ namespace {
 // A decode in progress: RansDecode's parts, which RansDecodeWithHuffman runs around its own loop.
 struct RansDecoder {
   const uint32_t* table = nullptr;  // the calling thread's; valid until its next rANS decode
-  uint32_t freqs[256] = {};
   alignas(64) uint32_t x[kStates];
   Stream s{};
   uint8_t* out = nullptr;
   size_t n = 0;
   size_t i = 0;  // symbols decoded
+#if defined(__x86_64__)
+  // Whether the ranked vector decoder runs here (AVX-512 VBMI, at most kRankedSymbols ranks),
+  // and its tables.
+  bool ranked_decoding = false;
+  RankedDecTables ranked;
+#endif
 };
 
-// Reads the header of `stored` and builds the decoding table; `out` receives the symbols.
+// Reads the header of `stored` and builds the decoding tables; `out` receives the symbols.
 Status StartDecode(Bytes stored, MutableBytes out, RansDecoder* d) {
   const auto* in = reinterpret_cast<const uint8_t*>(stored.data());
   const size_t size = stored.size();
@@ -775,10 +777,11 @@ Status StartDecode(Bytes stored, MutableBytes out, RansDecoder* d) {
   // the symbol's start (8-19) and the symbol's frequency (20-31).
   thread_local std::array<uint32_t, kScale> table;
   uint32_t start = 0;
+  uint32_t freqs[256] = {};
   const uint8_t* f = in + kBitmapBytes;
   for (int s = 0; s < 256; ++s) {
     if (!(in[s / 8] >> (s % 8) & 1)) continue;
-    const uint32_t freq = d->freqs[s] = GetLE<uint16_t>(f);
+    const uint32_t freq = freqs[s] = GetLE<uint16_t>(f);
     f += 2;
     if (freq == 0 || freq >= kScale || start + freq > kScale) {
       return Status::Corruption("rans: bad frequency table");
@@ -801,20 +804,11 @@ Status StartDecode(Bytes stored, MutableBytes out, RansDecoder* d) {
   d->out = reinterpret_cast<uint8_t*>(out.data());
   d->n = out.size();
   d->i = 0;
-  return Status::OK();
-}
-
-// Whether the ranked vector decoder runs here (AVX-512 VBMI, at most kRankedSymbols ranks): then
-// fills `ranked`.
-bool RankedDecoding(const RansDecoder& d, RankedDecTables* ranked) {
 #if defined(__x86_64__)
-  return CodecVectorLevelInUse() >= CodecVectorLevel::kAvx512 && CodecCpuHasAvx512Vbmi() &&
-         MakeRankedDecTables(d.freqs, ranked);
-#else
-  (void)d;
-  (void)ranked;
-  return false;
+  d->ranked_decoding = CodecVectorLevelInUse() >= CodecVectorLevel::kAvx512 &&
+                       CodecCpuHasAvx512Vbmi() && MakeRankedDecTables(freqs, &d->ranked);
 #endif
+  return Status::OK();
 }
 
 // Decodes the rest: the vector rounds of the CPU's level, then a symbol at a time; checks that
@@ -824,14 +818,12 @@ Status FinishDecode(RansDecoder* d) {
   const size_t n = d->n;
   size_t i = d->i;
 #if defined(__x86_64__)
-  RankedDecTables ranked;
-  const bool ranked_decoding = RankedDecoding(*d, &ranked);
   // The vector rounds of the CPU's level on `s`, from symbol i on; returns the symbols decoded.
   auto rounds = [&](Stream* s) -> size_t {
-    if (ranked_decoding) {
-      return ranked.ranks <= 32
-                 ? DecodeRoundsRankedVbmi<true>(d->table, ranked, s, out + i, n - i)
-                 : DecodeRoundsRankedVbmi<false>(d->table, ranked, s, out + i, n - i);
+    if (d->ranked_decoding) {
+      return d->ranked.ranks <= 32
+                 ? DecodeRoundsRankedVbmi<true>(d->table, d->ranked, s, out + i, n - i)
+                 : DecodeRoundsRankedVbmi<false>(d->table, d->ranked, s, out + i, n - i);
     }
     if (CodecVectorLevelInUse() >= CodecVectorLevel::kAvx512) {
       return DecodeRoundsAvx512(d->table, s, out + i, n - i);
@@ -896,16 +888,13 @@ Status RansDecodeWithHuffman(Bytes rans, MutableBytes rans_out,
                              std::span<const HuffmanInput> huffman, Bytes prefetch) {
   RansDecoder d;
   CKPTFS_RETURN_IF_ERROR(StartDecode(rans, rans_out, &d));
-#if defined(__x86_64__)
-  RankedDecTables ranked;
-  const bool ranked_decoding = RankedDecoding(d, &ranked);
-#endif
   for (const HuffmanInput& in : huffman) {
     HuffmanDecoder h;
     CKPTFS_RETURN_IF_ERROR(HuffmanStartDecode(in.stored, in.out, &h));
 #if defined(__x86_64__)
-    if (ranked_decoding) {
-      d.i += RankedRoundsWithHuffman(d.table, ranked, &d.s, d.out + d.i, d.n - d.i, &h, &prefetch);
+    if (d.ranked_decoding) {
+      d.i +=
+          RankedRoundsWithHuffman(d.table, d.ranked, &d.s, d.out + d.i, d.n - d.i, &h, &prefetch);
     }
 #endif
     CKPTFS_RETURN_IF_ERROR(HuffmanFinishDecode(&h, prefetch));
