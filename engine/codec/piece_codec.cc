@@ -101,6 +101,14 @@ struct PlaneOptions {
            model.SegmentBytes();
   }
 };
+// With the entropy stage, a plane whose sampled entropy is above this many bits per byte is
+// stored raw without trying anything (mantissa bytes: ~7.9 bits), and one below
+// kTryCodecBelowBits is also given to the block codec, which beats Huffman's 1 bit per byte on
+// long runs (the high planes of deltas). Chosen by measurement (docs/engine.md): on the delta
+// planes of the fp32 and bf16 trajectories lz4 won only below ~0.3 bits (planes nearly all
+// zero); from 0.5 bits up Huffman was smaller every time, so lz4 is not run there.
+constexpr double kRawAboveBits = 7.5;
+constexpr double kTryCodecBelowBits = 0.5;
 // Encodings are compared on this many leading bytes of a piece (whole elements).
 constexpr size_t kSampleBytes = 64 << 10;
 
@@ -195,30 +203,72 @@ inline void JoinTyped(const PlanePointers& planes, const std::byte* __restrict b
   }
 }
 
-// The factor for the scaled prediction of `raw` from `base` (fp32): the median ratio of up to
-// 4096 evenly spread pairs of normal values, or 0 (no prediction) when too few pairs are
-// usable or the factor is 1 (weights: plain sub is the same prediction).
+// The factor for the scaled prediction of `raw` from `base` (fp32), or 0 for none. Candidates,
+// from the ratios of up to 4096 pairs of normal values (runs spread over the piece): the median,
+// and the smallest and the largest ratio. The envelopes are Adam's exp_avg_sq: it decays by exactly
+// beta2 per step where no gradient arrived and grows by the squared gradient elsewhere, so an
+// old version against the new one (reverse deltas) has ratios up to 1 / beta2^k and a new one
+// against the old (forward deltas) down to beta2^k; predicted by that envelope its residual
+// keeps one sign and is small wherever the gradient was (docs/engine.md, "Deltas that
+// predict"). Of these the one whose residuals on the sampled pairs cost the fewest bits (each
+// byte plane's order-0 entropy) is returned; the caller still checks it against plain sub. None
+// when too few pairs are usable, or when the best factor is 1 (plain sub) or not a positive normal
+// float.
 float FitScale(Bytes raw, const std::byte* base) {
+  // The pairs: 16 runs of 256 spread evenly over the piece (single pairs spread evenly cost two
+  // cache lines each: this was ~10% of encoding an fp32 delta).
+  constexpr size_t kRuns = 16, kRun = 256, kPairs = kRuns * kRun;
   const size_t elements = raw.size() / 4;
-  const size_t stride = std::max<size_t>(1, elements / 4096);
-  float ratios[4096 + 1];
+  const size_t gap = elements > kPairs ? (elements - kRun) / (kRuns - 1) : kRun;
+  uint32_t values[kPairs], bases[kPairs];
+  float ratios[kPairs];
   size_t n = 0;
-  for (size_t i = 0; i < elements && n < 4096; i += stride) {
-    uint32_t v, b;
-    std::memcpy(&v, raw.data() + 4 * i, 4);
-    std::memcpy(&b, base + 4 * i, 4);
-    const uint32_t ev = (v >> 23) & 0xff, eb = (b >> 23) & 0xff;
-    if (ev == 0 || ev == 0xff || eb == 0 || eb == 0xff) continue;
-    float fv, fb;
-    std::memcpy(&fv, &v, 4);
-    std::memcpy(&fb, &b, 4);
-    ratios[n++] = fv / fb;
+  for (size_t run = 0, at = 0; run < kRuns && at < elements; ++run, at += gap) {
+    for (size_t i = at; i < std::min(elements, at + kRun); ++i) {
+      uint32_t v, b;
+      std::memcpy(&v, raw.data() + 4 * i, 4);
+      std::memcpy(&b, base + 4 * i, 4);
+      const uint32_t ev = (v >> 23) & 0xff, eb = (b >> 23) & 0xff;
+      if (ev == 0 || ev == 0xff || eb == 0 || eb == 0xff) continue;
+      float fv, fb;
+      std::memcpy(&fv, &v, 4);
+      std::memcpy(&fb, &b, 4);
+      values[n] = v;
+      bases[n] = b;
+      ratios[n++] = fv / fb;
+    }
   }
   if (n < 64) return 0;
-  std::nth_element(ratios, ratios + n / 2, ratios + n);
-  const float scale = ratios[n / 2];
-  if (!std::isnormal(scale) || std::fabs(scale - 1.0f) < 1e-6f) return 0;
-  return scale;
+  // The median from every fourth pair (nth_element's branches cost as much as the sampling).
+  const auto [lowest, highest] = std::minmax_element(ratios, ratios + n);
+  const float envelopes[2] = {*lowest, *highest};
+  float quarter[kPairs / 4 + 1];
+  size_t m = 0;
+  for (size_t i = 0; i < n; i += 4) quarter[m++] = ratios[i];
+  std::nth_element(quarter, quarter + m / 2, quarter + m);
+  float best = 0;
+  double best_bits = HUGE_VAL;
+  for (float f : {quarter[m / 2], envelopes[0], envelopes[1]}) {
+    if (!std::isnormal(f) || f < 0) continue;
+    // The residuals' cost as the planes would store them: each byte plane's order-0 entropy,
+    // 8 bits where it would be stored raw.
+    uint32_t planes[4][256] = {};
+    for (size_t i = 0; i < n; ++i) {
+      const uint32_t r = Forward<Transform::kSub, uint32_t>(values[i], PredictScaled(bases[i], f));
+      for (int j = 0; j < 4; ++j) ++planes[j][static_cast<uint8_t>(r >> (8 * j))];
+    }
+    double bits = 0;
+    for (const auto& plane : planes) {
+      const double h = HistogramEntropyBits(plane);
+      bits += h > kRawAboveBits ? 8 : h;
+    }
+    if (bits < best_bits) {
+      best_bits = bits;
+      best = f;
+    }
+  }
+  if (best == 0 || std::fabs(best - 1.0f) < 1e-6f) return 0;
+  return best;
 }
 
 // Widths without an integer type (3, 5, 6, 7): the element in a uint64_t, sign-extended from
@@ -1228,15 +1278,6 @@ PlaneSplit PlanSplit(uint8_t width, const std::byte* base, const std::byte* plan
   BucketElements(width, base, elements, &split, reinterpret_cast<uint8_t*>(bucket_ids.data()));
   return split;
 }
-
-// With the entropy stage, a plane whose sampled entropy is above this many bits per byte is
-// stored raw without trying anything (mantissa bytes: ~7.9 bits), and one below
-// kTryCodecBelowBits is also given to the block codec, which beats Huffman's 1 bit per byte on
-// long runs (the high planes of deltas). Chosen by measurement (docs/engine.md): on the delta
-// planes of the fp32 and bf16 trajectories lz4 won only below ~0.3 bits (planes nearly all
-// zero); from 0.5 bits up Huffman was smaller every time, so lz4 is not run there.
-constexpr double kRawAboveBits = 7.5;
-constexpr double kTryCodecBelowBits = 0.5;
 
 // rANS (rans.h) for the planes of deltas only, where it pays for its speed: below
 // kRansBelowBits sampled bits per byte a plane's full histogram gives its size and Huffman's,

@@ -334,6 +334,60 @@ TEST(PieceCodecTest, ScaledPredictionIsChosenForADecayingMomentAndRoundTrips) {
   ExpectRoundTrip(q, wr, &wb);
 }
 
+// The factor a container of scaled sub records (its 0x40 segment).
+float RecordedFactor(const EncodedPiece& p) {
+  if (p.stored.size() < 9 || static_cast<uint8_t>(p.stored.data()[0]) != 0x40) return 0;
+  float f;
+  std::memcpy(&f, p.stored.data() + 5, 4);
+  return f;
+}
+
+TEST(PieceCodecTest, ScaledPredictionTakesAdamsDecayWhereItBoundsTheRatios) {
+  // exp_avg_sq five steps on: every element decays by exactly beta2^5 and gains (1 - beta2) g^2
+  // per step. Late in training most gradients are small beside the squares the moment still
+  // holds (a gradient scale per element, spread over orders of magnitude), so the ratios new /
+  // old crowd at beta2^5 and lie above it, and old / new at or below its inverse; the median lies
+  // inside.
+  constexpr size_t n = 256 << 10;
+  std::mt19937 rng(31);
+  std::lognormal_distribution<float> v0(-12.0f, 1.5f), scale(-2.0f, 1.5f);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::vector<float> old_v(n), new_v(n);
+  const float decay = 0.99f * 0.99f * 0.99f * 0.99f * 0.99f;
+  for (size_t i = 0; i < n; ++i) {
+    old_v[i] = v0(rng);
+    const float s = scale(rng) * std::sqrt(old_v[i]);
+    float v = old_v[i];
+    for (int step = 0; step < 5; ++step) {
+      const float gi = g(rng) * s;
+      v = 0.99f * v + 0.01f * gi * gi;
+    }
+    new_v[i] = v;
+  }
+  Buffer old_b = ToBuffer(old_v.data(), n * 4), new_b = ToBuffer(new_v.data(), n * 4);
+  auto median_ratio = [&](const std::vector<float>& num, const std::vector<float>& den) {
+    std::vector<float> r(n);
+    for (size_t i = 0; i < n; ++i) r[i] = num[i] / den[i];
+    std::nth_element(r.begin(), r.begin() + n / 2, r.end());
+    return r[n / 2];
+  };
+  // Forward (the new version against the old) and reverse (the old against the new, as the
+  // re-encoder stores it).
+  for (bool reverse : {false, true}) {
+    const Buffer& raw = reverse ? old_b : new_b;
+    const Buffer& base = reverse ? new_b : old_b;
+    EncodedPiece p = EncodePiece(CodecSpec{}, raw.bytes(), 4, &base);
+    ASSERT_EQ(p.encoding.transform, Transform::kSub);
+    ExpectRoundTrip(p, raw, &base);
+    const float envelope = reverse ? 1.0f / decay : decay;
+    EXPECT_NEAR(RecordedFactor(p), envelope, envelope * 2e-4f) << "reverse " << reverse;
+    // Smaller than the same container with the median ratio as its factor.
+    const float median = reverse ? median_ratio(old_v, new_v) : median_ratio(new_v, old_v);
+    Buffer with_median = EncodeScaledSub(CodecSpec{}, raw.bytes(), base, median);
+    EXPECT_LT(p.stored.size() * 100, with_median.size() * 97) << "reverse " << reverse;
+  }
+}
+
 TEST(PieceCodecTest, ScaledPredictionIsExactOnSpecialValuesAndOddLengths) {
   // NaN (with payloads), infinities, zeros of both signs, subnormals, the largest floats
   // (whose product overflows) and the smallest normals (whose product underflows).
