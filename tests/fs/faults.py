@@ -160,7 +160,10 @@ class Tail:
 
 
 def _snapshot(mnt, name, rng, log):
-    """One snapshot through the snapshot engine (the daemon adopts the rank's pack)."""
+    """One snapshot through the snapshot engine (the daemon adopts the rank's pack). Returns
+    its files (relpath -> sha256) and whether its version is sealed, which is logged as soon as
+    wait() returns (a snapshot's version is sealed at its commit), before the files are read
+    back for their digests: a kill while they are read still finds the seal checked."""
     import torch  # imported by the parent before the fork
     import ckptfs
     from ckptfs import sharded
@@ -169,6 +172,9 @@ def _snapshot(mnt, name, rng, log):
              for i in range(3)}
     local, info = sharded.split_state_dict(state, 0, 1)
     ckptfs.snapshot(local, os.path.join(mnt, name), 0, 1, info).wait()
+    sealed = os.getxattr(os.path.join(mnt, name), "user.ckptfs.sealed") == b"1"
+    if sealed:
+        log("S", name)
     files = {}
     for dirpath, _, names in os.walk(os.path.join(mnt, name)):
         for n in names:
@@ -177,7 +183,7 @@ def _snapshot(mnt, name, rng, log):
                 files[os.path.relpath(path, mnt)] = hashlib.sha256(f.read()).hexdigest()
     for rel, digest in sorted(files.items()):
         log("A", rel, digest)
-    return files
+    return files, sealed
 
 
 def forget(mnt, log, known, sealed, keep):
@@ -185,8 +191,8 @@ def forget(mnt, log, known, sealed, keep):
 
     Which ones the store says (a dry run): it forgets every sealed version beyond the newest
     `keep`, and the store may hold sealed versions whose "S" line is missing (the kill landed
-    between a seal's commit and its line: after `ckptfs seal` committed, or between a
-    snapshot's "A" lines and its "S"), with acknowledged files: a "D" for the sealed versions
+    between a seal's commit and its line: after `ckptfs seal` or a snapshot's wait()
+    returned), with acknowledged files: a "D" for the sealed versions
     the log knows only would leave those files acknowledged (a kill9 failure, seed 40910).
     Nothing else changes the namespace meanwhile (no retention, no sealer: --seal-after 0).
     What is still there afterwards is acknowledged again."""
@@ -223,9 +229,9 @@ def writer(mnt, ack_path, round_no, seed, snapshots):
             name = "r%03dv%03d" % (round_no, i)
             if snapshots and rng.random() < 0.15:
                 log("P", "snapshot")
-                known.update(_snapshot(mnt, name, rng, log))
-                if os.getxattr(os.path.join(mnt, name), "user.ckptfs.sealed") == b"1":
-                    log("S", name)  # a snapshot's version is sealed at its commit
+                files, snapshot_sealed = _snapshot(mnt, name, rng, log)
+                known.update(files)
+                if snapshot_sealed:
                     sealed.add(name)
                 made.append(name)
                 continue
