@@ -8,6 +8,7 @@
 
 #include "engine/codec/huffman.h"
 #include "engine/codec/rans.h"
+#include "engine/codec/zero_runs.h"
 
 namespace ckptfs {
 
@@ -23,6 +24,8 @@ std::string_view CodecName(Codec codec) {
       return "huffman";
     case Codec::kRans:
       return "rans";
+    case Codec::kZeroRuns:
+      return "zero-runs";
   }
   return "unknown";
 }
@@ -154,6 +157,8 @@ Status Decompress(Codec codec, Bytes stored, MutableBytes out) {
       return HuffmanDecode(stored, out);
     case Codec::kRans:
       return RansDecode(stored, out);
+    case Codec::kZeroRuns:
+      return ZeroRunsDecode(stored, out);
   }
   return Status::Corruption("unknown codec " + std::to_string(static_cast<int>(codec)));
 }

@@ -21,9 +21,17 @@
 
 namespace ckptfs {
 
-// Stored in records and in the catalog: never renumber. kHuffman and kRans are only written for
-// the plane segments of a planes container (piece_codec.h), never as a record's codec.
-enum class Codec : uint8_t { kNone = 0, kLz4 = 1, kZstd = 2, kHuffman = 3, kRans = 4 };
+// Stored in records and in the catalog: never renumber. kHuffman, kRans and kZeroRuns
+// (zero_runs.h) are only written for the plane segments of a planes container (piece_codec.h),
+// never as a record's codec.
+enum class Codec : uint8_t {
+  kNone = 0,
+  kLz4 = 1,
+  kZstd = 2,
+  kHuffman = 3,
+  kRans = 4,
+  kZeroRuns = 5
+};
 
 std::string_view CodecName(Codec codec);
 

@@ -569,12 +569,19 @@ void ByteHistogram(Bytes in, uint32_t counts[256]) {
   counts[0] += static_cast<uint32_t>(zeros);
 }
 
-double EstimateEntropyBits(Bytes in, size_t sample) {
+size_t SampleHistogram(Bytes in, uint32_t counts[256], size_t sample) {
+  std::fill(counts, counts + 256, 0u);
   if (in.empty() || sample == 0) return 0;
   const size_t stride = std::max<size_t>(1, in.size() / sample);
-  uint32_t counts[256] = {};
   const auto* p = reinterpret_cast<const uint8_t*>(in.data());
-  for (size_t i = 0; i < in.size(); i += stride) ++counts[p[i]];
+  size_t n = 0;
+  for (size_t i = 0; i < in.size(); i += stride, ++n) ++counts[p[i]];
+  return n;
+}
+
+double EstimateEntropyBits(Bytes in, size_t sample) {
+  uint32_t counts[256];
+  if (SampleHistogram(in, counts, sample) == 0) return 0;
   return HistogramEntropyBits(counts);
 }
 

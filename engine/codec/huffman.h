@@ -34,6 +34,8 @@ inline constexpr int kHuffmanMaxBits = 11;
 // (Shannon entropy of the sample; 8 for random bytes, 0 for a constant). Cheap: for deciding
 // whether a plane is worth coding at all.
 double EstimateEntropyBits(Bytes in, size_t sample = 4096);
+// That sample's histogram, into `counts`; returns the bytes sampled.
+size_t SampleHistogram(Bytes in, uint32_t counts[256], size_t sample = 4096);
 
 // Shannon entropy in bits per symbol of a byte histogram (0 for an empty one).
 double HistogramEntropyBits(const uint32_t counts[256]);

@@ -17,6 +17,7 @@
 #include "engine/codec/huffman.h"
 #include "engine/codec/rans.h"
 #include "engine/codec/vector_level.h"
+#include "engine/codec/zero_runs.h"
 #include "engine/util/coding.h"
 
 namespace ckptfs {
@@ -1310,22 +1311,27 @@ bool RansPays(Bytes segment, double bits, size_t best, uint32_t counts[256], boo
 }
 
 // Whether the block codec is worth running over a whole delta plane (one below
-// kTryCodecBelowBits sampled bits per byte), where rANS is the alternative: its size on
-// kBlockSamples runs of kBlockSampleRun bytes spread over the plane, scaled up, must come within
-// kBlockSampleSlack of what rANS would store plus the margin rANS has to beat it by (RansPays).
-// On the trajectories' deltas lz4 stored 1.1-3.5x what rANS did on such planes and won only on
-// planes of tiny updates (nearly all zeros), where it runs as before; it was 21% of encoding the
-// later weights' bf16 deltas (docs/engine.md, "Codec speed, round 4"). `counts` gets the
-// plane's histogram (`*counted` set). Planes too small to sample: true.
+// kTryCodecBelowBits sampled bits per byte), where the zero runs (their size `best`, when they
+// took the plane) or rANS are the alternative: its size on kBlockSamples runs of
+// kBlockSampleRun bytes spread over the plane, scaled up, must come within kBlockSampleSlack of
+// that size (for rANS, plus the margin it has to beat the block codec by: RansPays). On the
+// trajectories' deltas lz4 stored 1.1-3.5x what rANS did on such planes and won only on planes
+// of tiny updates (nearly all zeros), where it runs as before; it was 21% of encoding the later
+// weights' bf16 deltas (docs/engine.md, "Codec speed, round 4"). Without the zero runs `counts`
+// gets the plane's histogram (`*counted` set). Planes too small to sample: true.
 constexpr size_t kBlockSamples = 4;
 constexpr size_t kBlockSampleRun = 8 << 10;
 constexpr double kBlockSampleSlack = 1.5;
-bool BlockCodecMayPay(const CodecSpec& spec, Bytes segment, uint32_t counts[256], bool* counted) {
+bool BlockCodecMayPay(const CodecSpec& spec, Bytes segment, size_t best, uint32_t counts[256],
+                      bool* counted) {
   const size_t n = segment.size();
   if (n < 4 * kBlockSamples * kBlockSampleRun) return true;
-  ByteHistogram(segment, counts);
-  *counted = true;
-  const double rans = static_cast<double>(RansEncodedSize(counts)) + kRansMinSavedBits / 8 * n;
+  double other = static_cast<double>(best);
+  if (best >= n) {
+    ByteHistogram(segment, counts);
+    *counted = true;
+    other = static_cast<double>(RansEncodedSize(counts)) + kRansMinSavedBits / 8 * n;
+  }
   thread_local Buffer out;
   size_t sampled = 0;
   const size_t gap = (n - kBlockSampleRun) / (kBlockSamples - 1);
@@ -1334,7 +1340,15 @@ bool BlockCodecMayPay(const CodecSpec& spec, Bytes segment, uint32_t counts[256]
     sampled += TryCompress(spec, run, &out) ? out.size() : run.size();
   }
   const double scaled = static_cast<double>(sampled) * n / (kBlockSamples * kBlockSampleRun);
-  return scaled <= kBlockSampleSlack * rans;
+  return scaled <= kBlockSampleSlack * other;
+}
+
+// Whether the zero runs (zero_runs.h) may take a delta's plane: where at least
+// kZeroRunsMinZeros of its sampled bytes are zeros. Below that the runs are short and cost more
+// than an order-0 coder; ZeroRunsEncodeTo itself gives up at three quarters.
+constexpr double kZeroRunsMinZeros = 0.8;
+bool ZeroRunsMayPay(const uint32_t sampled[256], size_t samples) {
+  return samples > 0 && sampled[0] >= kZeroRunsMinZeros * static_cast<double>(samples);
 }
 
 // Whether rotating each element left by one bit makes the planes of `raw` (width 2 or 4)
@@ -1402,14 +1416,28 @@ void PutSegment(const CodecSpec& spec, Bytes segment, bool delta, Buffer* out) {
   Codec codec = Codec::kNone;
   size_t stored = segment.size();
   if (!segment.empty() && spec.entropy) {
-    const double bits = EstimateEntropyBits(segment);
+    uint32_t sampled[256];
+    const size_t samples = SampleHistogram(segment, sampled);
+    const double bits = HistogramEntropyBits(sampled);
     if (bits <= kRawAboveBits) {
       // Long runs (the high planes of deltas): the block codec first, and Huffman only where
       // its size, known from the histogram before any code is written, is smaller still.
       uint32_t counts[256];
       bool counted = false;
+      // Zero runs within a quarter of a bit per byte of the sample's entropy: neither rANS nor
+      // Huffman can store kRansMinSavedBits per byte less, and neither is run.
+      bool settled = false;
+      if (delta && ZeroRunsMayPay(sampled, samples)) {
+        const size_t n = ZeroRunsEncodeTo(segment, body, stored - 1);
+        if (n > 0) {
+          codec = Codec::kZeroRuns;
+          stored = n;
+          settled = 8.0 * static_cast<double>(n) <=
+                    (bits + kRansMinSavedBits) * static_cast<double>(segment.size());
+        }
+      }
       if (bits < kTryCodecBelowBits && spec.codec != Codec::kNone &&
-          (!delta || BlockCodecMayPay(spec, segment, counts, &counted))) {
+          (!delta || BlockCodecMayPay(spec, segment, stored, counts, &counted))) {
         thread_local Buffer other;
         if (TryCompress(spec, segment, &other) && other.size() < stored) {
           std::memcpy(body, other.data(), other.size());
@@ -1417,7 +1445,7 @@ void PutSegment(const CodecSpec& spec, Bytes segment, bool delta, Buffer* out) {
           stored = other.size();
         }
       }
-      if (delta && stored > 0 && RansPays(segment, bits, stored, counts, &counted)) {
+      if (delta && !settled && stored > 0 && RansPays(segment, bits, stored, counts, &counted)) {
         // The coder writes before it knows whether it fits: not over the block codec's bytes.
         thread_local Buffer scratch;
         std::byte* dst = body;
@@ -1433,7 +1461,7 @@ void PutSegment(const CodecSpec& spec, Bytes segment, bool delta, Buffer* out) {
         }
       }
       // Huffman spends at least a bit per byte: not tried where the block codec did better.
-      if (stored > segment.size() / 8 && codec != Codec::kRans) {
+      if (stored > segment.size() / 8 && codec != Codec::kRans && !settled) {
         const size_t n = HuffmanEncodeTo(segment, body, stored - 1);
         if (n > 0) {
           codec = Codec::kHuffman;
@@ -1459,16 +1487,27 @@ void PutSegment(const CodecSpec& spec, Bytes segment, bool delta, Buffer* out) {
 size_t SegmentSize(const CodecSpec& spec, Bytes segment, bool delta, Buffer* scratch) {
   if (segment.empty()) return 0;
   if (!spec.entropy) return TryCompress(spec, segment, scratch) ? scratch->size() : segment.size();
-  const double bits = EstimateEntropyBits(segment);
+  uint32_t sampled[256];
+  const size_t samples = SampleHistogram(segment, sampled);
+  const double bits = HistogramEntropyBits(sampled);
   if (bits > kRawAboveBits) return segment.size();
   size_t best = segment.size();
   uint32_t counts[256];
   bool counted = false;
-  if (bits < kTryCodecBelowBits && spec.codec != Codec::kNone &&
-      (!delta || BlockCodecMayPay(spec, segment, counts, &counted)) &&
-      TryCompress(spec, segment, scratch)) {
-    best = scratch->size();
+  if (delta && ZeroRunsMayPay(sampled, samples)) {
+    scratch->Resize(segment.size());
+    const size_t n = ZeroRunsEncodeTo(segment, scratch->data(), best - 1);
+    if (n > 0) best = n;
   }
+  const bool settled =
+      best < segment.size() && 8.0 * static_cast<double>(best) <=
+                                   (bits + kRansMinSavedBits) * static_cast<double>(segment.size());
+  if (bits < kTryCodecBelowBits && spec.codec != Codec::kNone &&
+      (!delta || BlockCodecMayPay(spec, segment, best, counts, &counted)) &&
+      TryCompress(spec, segment, scratch)) {
+    best = std::min(best, scratch->size());
+  }
+  if (settled) return best;
   if (delta && RansPays(segment, bits, best, counts, &counted)) return RansEncodedSize(counts);
   return std::min(best, HuffmanEncodedSize(segment));
 }
@@ -1570,7 +1609,7 @@ Status ReadSegment(Bytes stored, size_t* pos, MutableBytes segment, bool copy, s
   const uint8_t codec = static_cast<uint8_t>(stored[*pos]);
   const uint32_t len = GetLE<uint32_t>(stored.data() + *pos + 1);
   *pos += kSegmentHeaderBytes;
-  if (codec > static_cast<uint8_t>(Codec::kRans) || len > stored.size() - *pos) {
+  if (codec > static_cast<uint8_t>(Codec::kZeroRuns) || len > stored.size() - *pos) {
     return Status::Corruption("piece: bad plane header");
   }
   Bytes body = stored.subspan(*pos, len);
