@@ -41,10 +41,53 @@ inline size_t RunSize(size_t n) { return (n + kStreams - 1) / kStreams; }
 inline size_t RunBegin(size_t n, int k) { return std::min(n, RunSize(n) * k); }
 inline size_t RunEnd(size_t n, int k) { return std::min(n, RunSize(n) * (k + 1)); }
 
-// Code lengths of a Huffman code for `counts`, at most kHuffmanMaxBits each (counts are
-// flattened until the tree is shallow enough). The code is always complete: a lone symbol
-// gets a 1-bit code and a 1-bit partner that never occurs. No allocation: the symbols sorted by
-// count, then Moffat and Katajainen's in-place computation of minimum-redundancy lengths
+// Limits the lengths w[0..n) of a complete code, sorted from the lightest symbol (w[0], the
+// longest) to the heaviest, to kHuffmanMaxBits, keeping the code complete: the codes above the
+// limit are cut to it, the lightest codes below it lengthened until the code fits again, then
+// the heaviest shortened while the room left allows (Kraft sums in units of the longest code).
+// Leaves w[0] above the limit where it cannot make the code complete (the caller flattens the
+// counts instead); measured to need one pass where flattening took two or three on the planes
+// of deltas (zero runs' run lengths, a geometric tail).
+void LimitLengths(uint64_t w[], int n) {
+  constexpr int kMax = kHuffmanMaxBits;
+  constexpr int64_t kFull = int64_t{1} << kMax;
+  uint64_t saved[256];
+  std::copy(w, w + n, saved);
+  int64_t kraft = 0;
+  for (int i = 0; i < n; ++i) {
+    w[i] = std::min<uint64_t>(w[i], kMax);
+    kraft += int64_t{1} << (kMax - w[i]);
+  }
+  while (kraft > kFull) {
+    bool changed = false;
+    for (int i = 0; i < n && kraft > kFull; ++i) {
+      if (w[i] >= static_cast<uint64_t>(kMax)) continue;
+      kraft -= int64_t{1} << (kMax - w[i] - 1);
+      ++w[i];
+      changed = true;
+    }
+    if (!changed) break;
+  }
+  while (kraft < kFull) {
+    bool changed = false;
+    for (int i = n - 1; i >= 0 && kraft < kFull; --i) {
+      const int64_t gain = int64_t{1} << (kMax - w[i]);
+      if (w[i] > 1 && kraft + gain <= kFull) {
+        kraft += gain;
+        --w[i];
+        changed = true;
+      }
+    }
+    if (!changed) break;
+  }
+  if (kraft != kFull) std::copy(saved, saved + n, w);  // not complete: flatten instead
+}
+
+// Code lengths of a Huffman code for `counts`, at most kHuffmanMaxBits each (LimitLengths, or
+// where that fails the counts flattened until the tree is shallow enough). The code is always
+// complete: a lone symbol gets a 1-bit code and a 1-bit partner that never occurs. No allocation:
+// the symbols sorted by count, then Moffat and Katajainen's in-place computation of
+// minimum-redundancy lengths
 // ("In-place calculation of minimum-redundancy codes", 1995).
 void BuildLengths(const uint64_t counts[256], uint8_t len[256]) {
   std::memset(len, 0, 256);
@@ -106,6 +149,7 @@ void BuildLengths(const uint64_t counts[256], uint8_t len[256]) {
       used = 0;
     }
     // w[i] is now the length of the i-th lightest symbol; w[0] is the longest.
+    if (w[0] > static_cast<uint64_t>(kHuffmanMaxBits)) LimitLengths(w, n);
     if (w[0] <= static_cast<uint64_t>(kHuffmanMaxBits)) {
       for (int i = 0; i < n; ++i) len[order[i] & 0xff] = static_cast<uint8_t>(w[i]);
       return;
