@@ -41,54 +41,45 @@ inline size_t RunSize(size_t n) { return (n + kStreams - 1) / kStreams; }
 inline size_t RunBegin(size_t n, int k) { return std::min(n, RunSize(n) * k); }
 inline size_t RunEnd(size_t n, int k) { return std::min(n, RunSize(n) * (k + 1)); }
 
-// Limits the lengths w[0..n) of a complete code, sorted from the lightest symbol (w[0], the
-// longest) to the heaviest, to kHuffmanMaxBits, keeping the code complete: the codes above the
-// limit are cut to it, the lightest codes below it lengthened until the code fits again, then
-// the heaviest shortened while the room left allows (Kraft sums in units of the longest code).
-// Leaves w[0] above the limit where it cannot make the code complete (the caller flattens the
-// counts instead); measured to need one pass where flattening took two or three on the planes
-// of deltas (zero runs' run lengths, a geometric tail).
+// Limits the lengths w[0..n) (2 <= n <= 256) of a complete code to kHuffmanMaxBits, keeping it
+// complete: the codes above the limit are cut to it, the lightest codes below it lengthened until
+// the code fits again, then the heaviest shortened while the room left allows. Kraft sums are
+// counted in units of 2^-kHuffmanMaxBits. Both loops end: every code at the limit sums to n <=
+// 256, below a full code's 2^kHuffmanMaxBits, so lengthening gets the sum there or under; and
+// what is left to fill is a multiple of the unit of the longest code, which is longer than 1
+// bit (n >= 2) and can be shortened by that much, so each pass shortens one. Replaced rebuilding
+// with halved counts until the tree was shallow (two or three builds per segment on the planes
+// of deltas, whose zero runs' run lengths have a geometric tail; docs/engine.md).
 void LimitLengths(uint64_t w[], int n) {
   constexpr int kMax = kHuffmanMaxBits;
   constexpr int64_t kFull = int64_t{1} << kMax;
-  uint64_t saved[256];
-  std::copy(w, w + n, saved);
   int64_t kraft = 0;
   for (int i = 0; i < n; ++i) {
     w[i] = std::min<uint64_t>(w[i], kMax);
     kraft += int64_t{1} << (kMax - w[i]);
   }
   while (kraft > kFull) {
-    bool changed = false;
-    for (int i = 0; i < n && kraft > kFull; ++i) {
+    for (int i = 0; i < n && kraft > kFull; ++i) {  // lightest first
       if (w[i] >= static_cast<uint64_t>(kMax)) continue;
       kraft -= int64_t{1} << (kMax - w[i] - 1);
       ++w[i];
-      changed = true;
     }
-    if (!changed) break;
   }
   while (kraft < kFull) {
-    bool changed = false;
-    for (int i = n - 1; i >= 0 && kraft < kFull; --i) {
+    for (int i = n - 1; i >= 0 && kraft < kFull; --i) {  // heaviest first
       const int64_t gain = int64_t{1} << (kMax - w[i]);
       if (w[i] > 1 && kraft + gain <= kFull) {
         kraft += gain;
         --w[i];
-        changed = true;
       }
     }
-    if (!changed) break;
   }
-  if (kraft != kFull) std::copy(saved, saved + n, w);  // not complete: flatten instead
 }
 
-// Code lengths of a Huffman code for `counts`, at most kHuffmanMaxBits each (LimitLengths, or
-// where that fails the counts flattened until the tree is shallow enough). The code is always
-// complete: a lone symbol gets a 1-bit code and a 1-bit partner that never occurs. No allocation:
-// the symbols sorted by count, then Moffat and Katajainen's in-place computation of
-// minimum-redundancy lengths
-// ("In-place calculation of minimum-redundancy codes", 1995).
+// Code lengths of a Huffman code for `counts`, at most kHuffmanMaxBits each (LimitLengths). The
+// code is always complete: a lone symbol gets a 1-bit code and a 1-bit partner that never occurs.
+// No allocation: the symbols sorted by count, then Moffat and Katajainen's in-place computation
+// of minimum-redundancy lengths ("In-place calculation of minimum-redundancy codes", 1995).
 void BuildLengths(const uint64_t counts[256], uint8_t len[256]) {
   std::memset(len, 0, 256);
   // count << 8 | symbol: sorted as one integer, by count and ties by symbol (deterministic), at
@@ -105,59 +96,49 @@ void BuildLengths(const uint64_t counts[256], uint8_t len[256]) {
     return;
   }
   std::sort(order, order + n);
-  uint64_t a[256];
-  for (int i = 0; i < n; ++i) a[i] = order[i] >> 8;
-  for (;;) {
-    uint64_t w[256];
-    std::copy(a, a + n, w);
-    // Pass 1, left to right: combine the two lightest of leaves and internal nodes; internal
-    // nodes keep their weight until used, then the index of their parent.
-    w[0] += w[1];
-    int root = 0, leaf = 2;
-    for (int next = 1; next < n - 1; ++next) {
-      if (leaf >= n || w[root] < w[leaf]) {
-        w[next] = w[root];
-        w[root++] = next;
-      } else {
-        w[next] = w[leaf++];
-      }
-      if (leaf >= n || (root < next && w[root] < w[leaf])) {
-        w[next] += w[root];
-        w[root++] = next;
-      } else {
-        w[next] += w[leaf++];
-      }
+  uint64_t w[256];
+  for (int i = 0; i < n; ++i) w[i] = order[i] >> 8;
+  // Pass 1, left to right: combine the two lightest of leaves and internal nodes; internal
+  // nodes keep their weight until used, then the index of their parent.
+  w[0] += w[1];
+  int root = 0, leaf = 2;
+  for (int next = 1; next < n - 1; ++next) {
+    if (leaf >= n || w[root] < w[leaf]) {
+      w[next] = w[root];
+      w[root++] = next;
+    } else {
+      w[next] = w[leaf++];
     }
-    // Pass 2, right to left: depths of internal nodes.
-    w[n - 2] = 0;
-    for (int next = n - 3; next >= 0; --next) w[next] = w[w[next]] + 1;
-    // Pass 3, right to left: depths of leaves.
-    int avail = 1, used = 0, depth = 0;
-    root = n - 2;
-    int next = n - 1;
-    while (avail > 0) {
-      while (root >= 0 && w[root] == static_cast<uint64_t>(depth)) {
-        ++used;
-        --root;
-      }
-      while (avail > used) {
-        w[next--] = depth;
-        --avail;
-      }
-      avail = 2 * used;
-      ++depth;
-      used = 0;
+    if (leaf >= n || (root < next && w[root] < w[leaf])) {
+      w[next] += w[root];
+      w[root++] = next;
+    } else {
+      w[next] += w[leaf++];
     }
-    // w[i] is now the length of the i-th lightest symbol; w[0] is the longest.
-    if (w[0] > static_cast<uint64_t>(kHuffmanMaxBits)) LimitLengths(w, n);
-    if (w[0] <= static_cast<uint64_t>(kHuffmanMaxBits)) {
-      for (int i = 0; i < n; ++i) len[order[i] & 0xff] = static_cast<uint8_t>(w[i]);
-      return;
-    }
-    for (int i = 0; i < n; ++i) a[i] = (a[i] >> 1) | 1;  // flatten, keep every symbol
-    // Flattening keeps the order up to ties, which the algorithm only needs to be sorted.
-    std::sort(a, a + n);
   }
+  // Pass 2, right to left: depths of internal nodes.
+  w[n - 2] = 0;
+  for (int next = n - 3; next >= 0; --next) w[next] = w[w[next]] + 1;
+  // Pass 3, right to left: depths of leaves.
+  int avail = 1, used = 0, depth = 0;
+  root = n - 2;
+  int next = n - 1;
+  while (avail > 0) {
+    while (root >= 0 && w[root] == static_cast<uint64_t>(depth)) {
+      ++used;
+      --root;
+    }
+    while (avail > used) {
+      w[next--] = depth;
+      --avail;
+    }
+    avail = 2 * used;
+    ++depth;
+    used = 0;
+  }
+  // w[i] is now the length of the i-th lightest symbol; w[0] is the longest.
+  if (w[0] > static_cast<uint64_t>(kHuffmanMaxBits)) LimitLengths(w, n);
+  for (int i = 0; i < n; ++i) len[order[i] & 0xff] = static_cast<uint8_t>(w[i]);
 }
 
 // Canonical codes for `len`, bit-reversed so that the first code bit is the lowest.

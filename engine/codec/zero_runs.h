@@ -8,7 +8,7 @@
 // decodes at memset speed plus a few cycles per nonzero byte, where rANS spends a table lookup
 // on every byte (docs/engine.md, "Zero runs").
 //
-//   size_t n = ZeroRunsEncodeTo(plane, dst, capacity);   // 0: dense, or not below capacity
+//   size_t n = ZeroRunsEncodeTo(plane, dst, capacity);   // 0: dense, empty, or does not fit
 //   Status st = ZeroRunsDecode({dst, n}, out);             // out: exactly the plane's size
 //
 // Format: LE32 R (run symbols), then two streams, each a mode byte (0 raw, 1 Huffman), an LE32
@@ -25,9 +25,10 @@
 
 namespace ckptfs {
 
-// Encodes `in` into dst (at most `capacity` bytes). Returns the stored size, or 0 when the
-// encoding would not fit in `capacity` or `in` has more than a quarter of its bytes nonzero
-// (then the run lengths cost more than an order-0 coder: the scan stops there).
+// Encodes `in` into dst (at most `capacity` bytes). Returns the stored size, or 0 when `in` is
+// empty (or over 4 GiB), when the encoding would not fit in `capacity`, or when `in` has more
+// than a quarter of its bytes nonzero (then the run lengths cost more than an order-0 coder: the
+// scan stops there).
 size_t ZeroRunsEncodeTo(Bytes in, std::byte* dst, size_t capacity);
 
 // Decodes `stored` into `out`, which must be exactly the plane's size. Corruption when the
