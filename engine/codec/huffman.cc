@@ -604,12 +604,6 @@ size_t SampleHistogram(Bytes in, uint32_t counts[256], size_t sample) {
   return n;
 }
 
-double EstimateEntropyBits(Bytes in, size_t sample) {
-  uint32_t counts[256];
-  if (SampleHistogram(in, counts, sample) == 0) return 0;
-  return HistogramEntropyBits(counts);
-}
-
 namespace {
 
 // Per-stream histograms of the runs of p[0..n). Two tables per stream, so that runs of one

@@ -30,11 +30,9 @@ namespace ckptfs {
 
 inline constexpr int kHuffmanMaxBits = 11;
 
-// Bits per byte of `in` estimated from a histogram of at most `sample` evenly spread bytes
-// (Shannon entropy of the sample; 8 for random bytes, 0 for a constant). Cheap: for deciding
-// whether a plane is worth coding at all.
-double EstimateEntropyBits(Bytes in, size_t sample = 4096);
-// That sample's histogram, into `counts`; returns the bytes sampled.
+// The histogram of at most `sample` evenly spread bytes of `in`, into `counts`; returns the
+// bytes sampled. Cheap: its HistogramEntropyBits estimates a plane's bits per byte (8 for random
+// bytes, 0 for a constant), for deciding whether and how a plane is worth coding.
 size_t SampleHistogram(Bytes in, uint32_t counts[256], size_t sample = 4096);
 
 // Shannon entropy in bits per symbol of a byte histogram (0 for an empty one).

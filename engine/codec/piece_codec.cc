@@ -1351,6 +1351,13 @@ bool ZeroRunsMayPay(const uint32_t sampled[256], size_t samples) {
   return samples > 0 && sampled[0] >= kZeroRunsMinZeros * static_cast<double>(samples);
 }
 
+// Whether the zero runs' `stored` bytes for a plane of `n` bytes and `bits` sampled bits per
+// byte settle it: within kRansMinSavedBits per byte of the sample's entropy, neither rANS nor
+// Huffman can store that much less, and neither is run.
+bool ZeroRunsSettle(size_t stored, double bits, size_t n) {
+  return 8.0 * static_cast<double>(stored) <= (bits + kRansMinSavedBits) * static_cast<double>(n);
+}
+
 // Whether rotating each element left by one bit makes the planes of `raw` (width 2 or 4)
 // smaller: per plane the order-0 entropy of a sample of the elements, with and without the
 // rotation, summed, counting a plane above kRotationRawAboveBits as stored raw (8 bits). It wins
@@ -1424,16 +1431,13 @@ void PutSegment(const CodecSpec& spec, Bytes segment, bool delta, Buffer* out) {
       // its size, known from the histogram before any code is written, is smaller still.
       uint32_t counts[256];
       bool counted = false;
-      // Zero runs within a quarter of a bit per byte of the sample's entropy: neither rANS nor
-      // Huffman can store kRansMinSavedBits per byte less, and neither is run.
-      bool settled = false;
+      bool settled = false;  // by the zero runs (ZeroRunsSettle): no rANS, no Huffman
       if (delta && ZeroRunsMayPay(sampled, samples)) {
         const size_t n = ZeroRunsEncodeTo(segment, body, stored - 1);
         if (n > 0) {
           codec = Codec::kZeroRuns;
           stored = n;
-          settled = 8.0 * static_cast<double>(n) <=
-                    (bits + kRansMinSavedBits) * static_cast<double>(segment.size());
+          settled = ZeroRunsSettle(n, bits, segment.size());
         }
       }
       if (bits < kTryCodecBelowBits && spec.codec != Codec::kNone &&
@@ -1499,9 +1503,7 @@ size_t SegmentSize(const CodecSpec& spec, Bytes segment, bool delta, Buffer* scr
     const size_t n = ZeroRunsEncodeTo(segment, scratch->data(), best - 1);
     if (n > 0) best = n;
   }
-  const bool settled =
-      best < segment.size() && 8.0 * static_cast<double>(best) <=
-                                   (bits + kRansMinSavedBits) * static_cast<double>(segment.size());
+  const bool settled = best < segment.size() && ZeroRunsSettle(best, bits, segment.size());
   if (bits < kTryCodecBelowBits && spec.codec != Codec::kNone &&
       (!delta || BlockCodecMayPay(spec, segment, best, counts, &counted)) &&
       TryCompress(spec, segment, scratch)) {
