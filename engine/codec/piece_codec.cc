@@ -1351,6 +1351,20 @@ bool ZeroRunsMayPay(const uint32_t sampled[256], size_t samples) {
   return samples > 0 && sampled[0] >= kZeroRunsMinZeros * static_cast<double>(samples);
 }
 
+// Whether the block codec can store less than the zero runs did on a plane of that `shape`.
+// Stored raw, the zero runs spend at most two bytes per nonzero byte (its run symbol and itself)
+// besides the escapes, which match lz4's length bytes (one per 255 zeros). lz4 spends at least
+// three bytes (a token and an offset) on each sequence, and a stretch of nonzero bytes starts a
+// new one unless the plane repeats it exactly (the same bytes after the same zeros). Where at most
+// a third of the nonzero bytes follow another one, the stretches number at least two thirds of
+// them: lz4 needs at least as many bytes as the zero runs, and its samples (BlockCodecMayPay)
+// are not taken. On the trajectories' deltas a tenth or fewer follow another (~5% of encoding the
+// later bf16 weights' deltas went to those samples); a delta whose changes sit in one run of
+// elements has nearly all of them adjacent and keeps the trial.
+bool BlockCodecCanBeatZeroRuns(const ZeroRunsShape& shape) {
+  return 3 * shape.adjacent > shape.values;
+}
+
 // Whether the zero runs' `stored` bytes for a plane of `n` bytes and `bits` sampled bits per
 // byte settle it: within kRansMinSavedBits per byte of the sample's entropy, neither rANS nor
 // Huffman can store that much less, and neither is run.
@@ -1432,15 +1446,18 @@ void PutSegment(const CodecSpec& spec, Bytes segment, bool delta, Buffer* out) {
       uint32_t counts[256];
       bool counted = false;
       bool settled = false;  // by the zero runs (ZeroRunsSettle): no rANS, no Huffman
+      bool block_may_pay = true;
       if (delta && ZeroRunsMayPay(sampled, samples)) {
-        const size_t n = ZeroRunsEncodeTo(segment, body, stored - 1);
+        ZeroRunsShape shape;
+        const size_t n = ZeroRunsEncodeTo(segment, body, stored - 1, &shape);
         if (n > 0) {
           codec = Codec::kZeroRuns;
           stored = n;
           settled = ZeroRunsSettle(n, bits, segment.size());
+          block_may_pay = BlockCodecCanBeatZeroRuns(shape);
         }
       }
-      if (bits < kTryCodecBelowBits && spec.codec != Codec::kNone &&
+      if (bits < kTryCodecBelowBits && spec.codec != Codec::kNone && block_may_pay &&
           (!delta || BlockCodecMayPay(spec, segment, stored, counts, &counted))) {
         thread_local Buffer other;
         if (TryCompress(spec, segment, &other) && other.size() < stored) {
@@ -1498,13 +1515,18 @@ size_t SegmentSize(const CodecSpec& spec, Bytes segment, bool delta, Buffer* scr
   size_t best = segment.size();
   uint32_t counts[256];
   bool counted = false;
+  bool block_may_pay = true;
   if (delta && ZeroRunsMayPay(sampled, samples)) {
     scratch->Resize(segment.size());
-    const size_t n = ZeroRunsEncodeTo(segment, scratch->data(), best - 1);
-    if (n > 0) best = n;
+    ZeroRunsShape shape;
+    const size_t n = ZeroRunsEncodeTo(segment, scratch->data(), best - 1, &shape);
+    if (n > 0) {
+      best = n;
+      block_may_pay = BlockCodecCanBeatZeroRuns(shape);
+    }
   }
   const bool settled = best < segment.size() && ZeroRunsSettle(best, bits, segment.size());
-  if (bits < kTryCodecBelowBits && spec.codec != Codec::kNone &&
+  if (bits < kTryCodecBelowBits && spec.codec != Codec::kNone && block_may_pay &&
       (!delta || BlockCodecMayPay(spec, segment, best, counts, &counted)) &&
       TryCompress(spec, segment, scratch)) {
     best = std::min(best, scratch->size());

@@ -65,9 +65,10 @@ struct RunWriter {
   const uint8_t* p;
   uint8_t* runs;
   uint8_t* values;
-  size_t r = 0, v = 0, run_start = 0;
+  size_t r = 0, v = 0, run_start = 0, adjacent = 0;
   void Put(size_t at) {
     size_t zeros = at - run_start;
+    adjacent += zeros == 0;
     for (; zeros >= kEscape; zeros -= kEscape) runs[r++] = kEscape;
     runs[r++] = static_cast<uint8_t>(zeros);
     values[v++] = p[at];
@@ -139,7 +140,7 @@ CKPTFS_TARGET_AVX2 bool ScanAvx2(RunWriter& w, size_t n, size_t max_values, size
 
 }  // namespace
 
-size_t ZeroRunsEncodeTo(Bytes in, std::byte* dst, size_t capacity) {
+size_t ZeroRunsEncodeTo(Bytes in, std::byte* dst, size_t capacity, ZeroRunsShape* shape) {
   const size_t n = in.size();
   if (n == 0 || n > UINT32_MAX || capacity < kHeaderBytes + 2 * kStreamHeaderBytes) return 0;
   const size_t max_values = n / 4;
@@ -173,6 +174,7 @@ size_t ZeroRunsEncodeTo(Bytes in, std::byte* dst, size_t capacity) {
   at += runs_len;
   const size_t values_len = PutStream(Bytes(values_buf.data(), w.v), dst + at, capacity - at);
   if (values_len == 0) return 0;
+  if (shape != nullptr) *shape = {.values = w.v, .adjacent = w.adjacent};
   return at + values_len;
 }
 

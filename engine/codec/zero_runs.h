@@ -25,11 +25,18 @@
 
 namespace ckptfs {
 
+// What an encoding found in its plane: how the nonzero bytes lie, for a caller choosing between
+// coders (a block codec beats the zero runs only where nonzero bytes come in long stretches).
+struct ZeroRunsShape {
+  size_t values = 0;    // nonzero bytes
+  size_t adjacent = 0;  // of them, those right after another nonzero byte (or at the start)
+};
+
 // Encodes `in` into dst (at most `capacity` bytes). Returns the stored size, or 0 when `in` is
 // empty (or over 4 GiB), when the encoding would not fit in `capacity`, or when `in` has more
 // than a quarter of its bytes nonzero (then the run lengths cost more than an order-0 coder: the
-// scan stops there).
-size_t ZeroRunsEncodeTo(Bytes in, std::byte* dst, size_t capacity);
+// scan stops there). `shape`, if given, is filled where the stored size is not 0.
+size_t ZeroRunsEncodeTo(Bytes in, std::byte* dst, size_t capacity, ZeroRunsShape* shape = nullptr);
 
 // Decodes `stored` into `out`, which must be exactly the plane's size. Corruption when the
 // header, a stream or the run lengths do not describe exactly out.size() bytes.
