@@ -46,17 +46,19 @@ void ByteHistogram(Bytes in, uint32_t counts[256]);
 bool HuffmanEncode(Bytes in, Buffer* out);
 
 // The same, written straight to dst (for example into a container being assembled): returns
-// the encoded size, or 0 (dst unspecified) when it would not be smaller than `in` or not fit in
-// `capacity` bytes.
-size_t HuffmanEncodeTo(Bytes in, std::byte* dst, size_t capacity);
+// the encoded size, or 0 (dst untouched) when it would not be smaller than `in` or not fit in
+// `capacity` bytes. `counts`: the histogram of `in`
+// (ByteHistogram), where the caller has it already; taken here otherwise.
+size_t HuffmanEncodeTo(Bytes in, std::byte* dst, size_t capacity,
+                       const uint32_t counts[256] = nullptr);
 
-// The size HuffmanEncode(in) would have (SIZE_MAX for an empty input), without encoding: the
-// histogram and the code only. For choosing between encodings cheaply.
+// The size HuffmanEncode(in) would have, at most 3 bytes over (each stream's last byte), without
+// encoding: the histogram and the code only. SIZE_MAX for an empty input. For choosing between
+// encodings cheaply.
 size_t HuffmanEncodedSize(Bytes in);
 
-// The size HuffmanEncode would give an input of that histogram (of the whole input), within
-// 4 bytes (each stream's last byte): for comparing with other coders from one histogram.
-// SIZE_MAX for an empty histogram.
+// The same for an input of that histogram (of the whole input): for comparing with other coders
+// from one histogram. SIZE_MAX for an empty histogram.
 size_t HuffmanEncodedSizeOfCounts(const uint32_t counts[256]);
 
 // Decodes `stored` into `out`, which must hold exactly the encoded input's length. `prefetch`:

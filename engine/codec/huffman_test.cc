@@ -77,6 +77,31 @@ TEST(HuffmanTest, RoundTripsEverySizeAndShape) {
   }
 }
 
+TEST(HuffmanTest, FitsExactlyItsSizeWithOrWithoutTheCallersHistogram) {
+  for (size_t n : {5, 1000, 65536, 262147}) {
+    for (double spread : {0.3, 3.0, 20.0}) {
+      SCOPED_TRACE(std::to_string(n) + " spread " + std::to_string(spread));
+      const Buffer in = SkewedBuffer(n, spread, static_cast<uint32_t>(n) + 7);
+      Buffer enc;
+      if (!HuffmanEncode(in.bytes(), &enc)) continue;
+      // The estimate is at most 3 bytes over (each stream's last byte).
+      EXPECT_GE(HuffmanEncodedSize(in.bytes()), enc.size());
+      EXPECT_LE(HuffmanEncodedSize(in.bytes()), enc.size() + 3);
+      uint32_t counts[256];
+      ByteHistogram(in.bytes(), counts);
+      Buffer out(n);
+      // The same bytes from the caller's histogram, in exactly their room and not in less.
+      ASSERT_EQ(HuffmanEncodeTo(in.bytes(), out.data(), enc.size(), counts), enc.size());
+      EXPECT_EQ(0, std::memcmp(out.data(), enc.data(), enc.size()));
+      // Where it does not fit, dst keeps what was there (a caller may hold other bytes there).
+      std::memset(out.data(), 0x5a, out.size());
+      EXPECT_EQ(HuffmanEncodeTo(in.bytes(), out.data(), enc.size() - 1, counts), 0u);
+      EXPECT_EQ(HuffmanEncodeTo(in.bytes(), out.data(), enc.size() - 1), 0u);
+      for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out.data()[i], std::byte{0x5a}) << i;
+    }
+  }
+}
+
 TEST(HuffmanTest, ConstantInputCostsOneBitPerByte) {
   Buffer in(80000);
   std::memset(in.data(), 0x3f, in.size());

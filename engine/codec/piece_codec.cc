@@ -1483,7 +1483,7 @@ void PutSegment(const CodecSpec& spec, Bytes segment, bool delta, Buffer* out) {
       }
       // Huffman spends at least a bit per byte: not tried where the block codec did better.
       if (stored > segment.size() / 8 && codec != Codec::kRans && !settled) {
-        const size_t n = HuffmanEncodeTo(segment, body, stored - 1);
+        const size_t n = HuffmanEncodeTo(segment, body, stored - 1, counted ? counts : nullptr);
         if (n > 0) {
           codec = Codec::kHuffman;
           stored = n;
@@ -1533,7 +1533,7 @@ size_t SegmentSize(const CodecSpec& spec, Bytes segment, bool delta, Buffer* scr
   }
   if (settled) return best;
   if (delta && RansPays(segment, bits, best, counts, &counted)) return RansEncodedSize(counts);
-  return std::min(best, HuffmanEncodedSize(segment));
+  return std::min(best, counted ? HuffmanEncodedSizeOfCounts(counts) : HuffmanEncodedSize(segment));
 }
 
 // The size of the container PackSegments would write.
