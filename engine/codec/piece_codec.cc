@@ -1426,123 +1426,113 @@ bool RotationPays(Bytes raw, uint8_t width) {
   return with < without;
 }
 
+// How a plane is stored: its codec (kNone: raw) and its stored bytes.
+struct SegmentCode {
+  Codec codec;
+  size_t stored;
+};
+
+// Chooses how to store `segment`, one plane (`delta`: of a delta, xor or sub, which the zero
+// runs and rANS may code). With `body` (room for the segment raw) the stored bytes are written
+// there, but for kNone (the caller copies the raw bytes); without, only their size is found, as
+// cheaply as the choice allows: the zero runs and the block codec run (their sizes are not known
+// otherwise), rANS and Huffman are sized from the histogram.
+SegmentCode CodeSegment(const CodecSpec& spec, Bytes segment, bool delta, std::byte* body) {
+  const size_t n = segment.size();
+  SegmentCode code{Codec::kNone, n};
+  if (n == 0) return code;
+  thread_local Buffer block, trial;
+  // Takes a coder's `size` bytes, at `from` (null: written in body already).
+  auto take = [&](Codec codec, size_t size, const std::byte* from) {
+    if (body != nullptr && from != nullptr) std::memcpy(body, from, size);
+    code = {codec, size};
+  };
+  if (!spec.entropy) {
+    if (TryCompress(spec, segment, &block)) take(spec.codec, block.size(), block.data());
+    return code;
+  }
+  uint32_t sampled[256];
+  const size_t samples = SampleHistogram(segment, sampled);
+  const double bits = HistogramEntropyBits(sampled);
+  if (bits > kRawAboveBits) return code;
+  // Long runs (the high planes of deltas): the zero runs and the block codec first, and the
+  // entropy coders only where their sizes, known from the histogram before any code is
+  // written, are smaller still.
+  uint32_t counts[256];
+  bool counted = false;
+  bool settled = false;  // by the zero runs (ZeroRunsSettle): no rANS, no Huffman
+  bool block_may_pay = true;
+  if (delta && ZeroRunsMayPay(sampled, samples)) {
+    std::byte* dst = body;
+    if (dst == nullptr) {
+      trial.Resize(n);
+      dst = trial.data();
+    }
+    ZeroRunsShape shape;
+    const size_t stored = ZeroRunsEncodeTo(segment, dst, n - 1, &shape);
+    if (stored > 0) {
+      take(Codec::kZeroRuns, stored, nullptr);
+      settled = ZeroRunsSettle(stored, bits, n);
+      block_may_pay = BlockCodecCanBeatZeroRuns(shape);
+    }
+  }
+  if (bits < kTryCodecBelowBits && spec.codec != Codec::kNone && block_may_pay &&
+      (!delta || BlockCodecMayPay(spec, segment, code.stored, counts, &counted)) &&
+      TryCompress(spec, segment, &block) && block.size() < code.stored) {
+    take(spec.codec, block.size(), block.data());
+  }
+  if (settled) return code;
+  if (delta && RansPays(segment, bits, code.stored, counts, &counted)) {
+    if (body == nullptr) return {Codec::kRans, RansEncodedSize(counts)};
+    // The coder writes before it knows whether it fits: not over another coder's bytes.
+    std::byte* dst = body;
+    if (code.codec != Codec::kNone) {
+      trial.Resize(code.stored);
+      dst = trial.data();
+    }
+    const size_t stored = RansEncodeTo(segment, dst, code.stored - 1, counts);
+    if (stored > 0) {
+      take(Codec::kRans, stored, dst == body ? nullptr : dst);
+      return code;
+    }
+  }
+  // Huffman spends at least a bit per byte: not tried where another coder did better.
+  if (code.stored > n / 8) {
+    const uint32_t* histogram = counted ? counts : nullptr;
+    if (body == nullptr) {
+      const size_t size =
+          histogram ? HuffmanEncodedSizeOfCounts(histogram) : HuffmanEncodedSize(segment);
+      if (size < code.stored) code = {Codec::kHuffman, size};
+    } else if (const size_t stored = HuffmanEncodeTo(segment, body, code.stored - 1, histogram);
+               stored > 0) {
+      take(Codec::kHuffman, stored, nullptr);
+    }
+  }
+  return code;
+}
+
 // Appends one plane to the container in `out` (whose capacity already holds the segment raw):
-// its header (codec, stored length) and its stored bytes. Encoders write straight into `out`.
-// `delta`: the plane is one of a delta's (xor or sub), which rANS may code.
+// its header (codec, stored length) and its stored bytes (CodeSegment).
 void PutSegment(const CodecSpec& spec, Bytes segment, bool delta, Buffer* out) {
   const size_t at = out->size();
   out->Resize(at + kSegmentHeaderBytes + segment.size());  // within the reserved capacity
   std::byte* header = out->data() + at;
   std::byte* body = header + kSegmentHeaderBytes;
-  Codec codec = Codec::kNone;
-  size_t stored = segment.size();
-  if (!segment.empty() && spec.entropy) {
-    uint32_t sampled[256];
-    const size_t samples = SampleHistogram(segment, sampled);
-    const double bits = HistogramEntropyBits(sampled);
-    if (bits <= kRawAboveBits) {
-      // Long runs (the high planes of deltas): the block codec first, and Huffman only where
-      // its size, known from the histogram before any code is written, is smaller still.
-      uint32_t counts[256];
-      bool counted = false;
-      bool settled = false;  // by the zero runs (ZeroRunsSettle): no rANS, no Huffman
-      bool block_may_pay = true;
-      if (delta && ZeroRunsMayPay(sampled, samples)) {
-        ZeroRunsShape shape;
-        const size_t n = ZeroRunsEncodeTo(segment, body, stored - 1, &shape);
-        if (n > 0) {
-          codec = Codec::kZeroRuns;
-          stored = n;
-          settled = ZeroRunsSettle(n, bits, segment.size());
-          block_may_pay = BlockCodecCanBeatZeroRuns(shape);
-        }
-      }
-      if (bits < kTryCodecBelowBits && spec.codec != Codec::kNone && block_may_pay &&
-          (!delta || BlockCodecMayPay(spec, segment, stored, counts, &counted))) {
-        thread_local Buffer other;
-        if (TryCompress(spec, segment, &other) && other.size() < stored) {
-          std::memcpy(body, other.data(), other.size());
-          codec = spec.codec;
-          stored = other.size();
-        }
-      }
-      if (delta && !settled && stored > 0 && RansPays(segment, bits, stored, counts, &counted)) {
-        // The coder writes before it knows whether it fits: not over the block codec's bytes.
-        thread_local Buffer scratch;
-        std::byte* dst = body;
-        if (codec != Codec::kNone) {
-          scratch.Resize(stored);
-          dst = scratch.data();
-        }
-        const size_t n = RansEncodeTo(segment, dst, stored - 1, counts);
-        if (n > 0) {
-          if (dst != body) std::memcpy(body, dst, n);
-          codec = Codec::kRans;
-          stored = n;
-        }
-      }
-      // Huffman spends at least a bit per byte: not tried where the block codec did better.
-      if (stored > segment.size() / 8 && codec != Codec::kRans && !settled) {
-        const size_t n = HuffmanEncodeTo(segment, body, stored - 1, counted ? counts : nullptr);
-        if (n > 0) {
-          codec = Codec::kHuffman;
-          stored = n;
-        }
-      }
-    }
-  } else if (!segment.empty()) {
-    thread_local Buffer other;
-    if (TryCompress(spec, segment, &other)) {
-      std::memcpy(body, other.data(), other.size());
-      codec = spec.codec;
-      stored = other.size();
-    }
+  const SegmentCode code = CodeSegment(spec, segment, delta, body);
+  if (code.codec == Codec::kNone && !segment.empty()) {
+    std::memcpy(body, segment.data(), segment.size());
   }
-  if (codec == Codec::kNone && !segment.empty()) std::memcpy(body, segment.data(), stored);
-  header[0] = static_cast<std::byte>(codec);
-  PutLE<uint32_t>(header + 1, static_cast<uint32_t>(stored));
-  out->Resize(at + kSegmentHeaderBytes + stored);
-}
-
-// The stored size PutSegment would give `segment`, without writing Huffman codes.
-size_t SegmentSize(const CodecSpec& spec, Bytes segment, bool delta, Buffer* scratch) {
-  if (segment.empty()) return 0;
-  if (!spec.entropy) return TryCompress(spec, segment, scratch) ? scratch->size() : segment.size();
-  uint32_t sampled[256];
-  const size_t samples = SampleHistogram(segment, sampled);
-  const double bits = HistogramEntropyBits(sampled);
-  if (bits > kRawAboveBits) return segment.size();
-  size_t best = segment.size();
-  uint32_t counts[256];
-  bool counted = false;
-  bool block_may_pay = true;
-  if (delta && ZeroRunsMayPay(sampled, samples)) {
-    scratch->Resize(segment.size());
-    ZeroRunsShape shape;
-    const size_t n = ZeroRunsEncodeTo(segment, scratch->data(), best - 1, &shape);
-    if (n > 0) {
-      best = n;
-      block_may_pay = BlockCodecCanBeatZeroRuns(shape);
-    }
-  }
-  const bool settled = best < segment.size() && ZeroRunsSettle(best, bits, segment.size());
-  if (bits < kTryCodecBelowBits && spec.codec != Codec::kNone && block_may_pay &&
-      (!delta || BlockCodecMayPay(spec, segment, best, counts, &counted)) &&
-      TryCompress(spec, segment, scratch)) {
-    best = std::min(best, scratch->size());
-  }
-  if (settled) return best;
-  if (delta && RansPays(segment, bits, best, counts, &counted)) return RansEncodedSize(counts);
-  return std::min(best, counted ? HuffmanEncodedSizeOfCounts(counts) : HuffmanEncodedSize(segment));
+  header[0] = static_cast<std::byte>(code.codec);
+  PutLE<uint32_t>(header + 1, static_cast<uint32_t>(code.stored));
+  out->Resize(at + kSegmentHeaderBytes + code.stored);
 }
 
 // The size of the container PackSegments would write.
 size_t PackedSize(const CodecSpec& spec, uint8_t width, Bytes planes, bool delta) {
   const size_t elements = planes.size() / width;
-  thread_local Buffer scratch;
   size_t total = (width + 1) * kSegmentHeaderBytes + (planes.size() - width * elements);
   for (size_t s = 0; s < width; ++s) {
-    total += SegmentSize(spec, planes.subspan(s * elements, elements), delta, &scratch);
+    total += CodeSegment(spec, planes.subspan(s * elements, elements), delta, nullptr).stored;
   }
   return total;
 }
