@@ -676,10 +676,13 @@ size_t HuffmanEncodeTo(Bytes in, std::byte* dst_bytes, size_t capacity,
   uint32_t table[256];
   for (int s = 0; s < 256; ++s) table[s] = code[s] | static_cast<uint32_t>(plan.len[s]) << 16;
 
-  // Each stream's length is known once it is written: the streams are written apart (none is
-  // longer than all the codes' bytes), then put together behind the header. Nothing is written
-  // to dst before the size is known to fit: a caller may hold another coder's bytes there.
-  const size_t most = (plan.bits + 7) / 8 + 8;  // room for any one stream
+  // Each stream's length is known once it is written: the streams are written apart, then put
+  // together behind the header. Nothing is written to dst before the size is known to fit: a
+  // caller may hold another coder's bytes there. None is longer than all the codes' bytes, nor
+  // than its run in codes of the longest length, so the room apart is at most 1.4 times the input
+  // (per thread, kept for the next plane).
+  const size_t most =
+      std::min((plan.bits + 7) / 8, (RunSize(n) * kHuffmanMaxBits + 7) / 8) + 8;  // per stream
   thread_local Buffer apart;
   apart.Resize(kStreams * most);
   StreamWriter w[kStreams];
