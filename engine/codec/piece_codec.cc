@@ -1045,10 +1045,11 @@ void BucketElements(uint8_t width, const std::byte* base, size_t elements, Plane
 #if defined(__x86_64__)
 __attribute__((target("avx512f,avx512bw,avx512vbmi2,bmi2,popcnt"))) void GatherBucketsVbmi2(
     const PlaneSplit& split, const uint8_t* __restrict plane, size_t elements,
-    uint8_t* __restrict out) {
+    const std::array<uint8_t*, kMaxSplitBuckets>& to) {
   const uint8_t* bucket_of = split.bucket_of;
   // Bucket by bucket: the whole vector stored past one bucket's end is overwritten by the next.
   for (size_t b = 0; b < split.buckets; ++b) {
+    uint8_t* out = to[b];
     const __m512i id = _mm512_set1_epi8(static_cast<char>(b));
     size_t i = 0;
     for (; i + 64 <= elements; i += 64) {
@@ -1104,31 +1105,41 @@ constexpr ByteShuffles MakeByteShuffles() {
 }
 constexpr ByteShuffles kByteShuffles = MakeByteShuffles();
 
-CKPTFS_TARGET_AVX2 void GatherBucketsAvx2(const PlaneSplit& split, const uint8_t* __restrict plane,
-                                          size_t elements, uint8_t* __restrict out) {
-  const uint8_t* bucket_of = split.bucket_of;
+// One pass for all K buckets, each written at its own pointer (8-byte stores past a bucket's end:
+// GatherBuckets leaves a gap after each). K a constant, so the pointers stay in registers.
+template <size_t K>
+CKPTFS_TARGET_AVX2 void GatherBucketsAvx2Of(const uint8_t* __restrict bucket_of,
+                                            const uint8_t* __restrict plane, size_t elements,
+                                            std::array<uint8_t*, kMaxSplitBuckets> to_array) {
+  std::array<uint8_t*, K> to;
+  for (size_t b = 0; b < K; ++b) to[b] = to_array[b];
   const __m128i eight = _mm_set1_epi8(8);
-  // Bucket by bucket, as GatherBucketsVbmi2 (8-byte stores past a bucket's end).
-  for (size_t b = 0; b < split.buckets; ++b) {
-    const __m128i id = _mm_set1_epi8(static_cast<char>(b));
-    size_t i = 0;
-    for (; i + 16 <= elements; i += 16) {
-      const __m128i ids = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bucket_of + i));
+  size_t i = 0;
+  for (; i + 16 <= elements; i += 16) {
+    const __m128i ids = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bucket_of + i));
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(plane + i));
+    for (size_t b = 0; b < K; ++b) {
+      const __m128i id = _mm_set1_epi8(static_cast<char>(b));
       const auto m = static_cast<unsigned>(_mm_movemask_epi8(_mm_cmpeq_epi8(ids, id)));
-      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(plane + i));
       const __m128i lo = _mm_cvtsi64_si128(static_cast<int64_t>(kByteShuffles.pack[m & 0xff]));
       const __m128i hi =
           _mm_add_epi8(_mm_cvtsi64_si128(static_cast<int64_t>(kByteShuffles.pack[m >> 8])), eight);
-      _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm_shuffle_epi8(v, lo));
-      out += std::popcount(m & 0xff);
-      _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm_shuffle_epi8(v, hi));
-      out += std::popcount(m >> 8);
-    }
-    for (; i < elements; ++i) {
-      if (bucket_of[i] == b) *out++ = plane[i];
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(to[b]), _mm_shuffle_epi8(v, lo));
+      to[b] += std::popcount(m & 0xff);
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(to[b]), _mm_shuffle_epi8(v, hi));
+      to[b] += std::popcount(m >> 8);
     }
   }
+  for (; i < elements; ++i) *to[bucket_of[i]]++ = plane[i];
 }
+using GatherFn = void (*)(const uint8_t*, const uint8_t*, size_t,
+                          std::array<uint8_t*, kMaxSplitBuckets>);
+template <size_t... k>
+constexpr std::array<GatherFn, sizeof...(k)> GatherAvx2Table(std::index_sequence<k...>) {
+  return {&GatherBucketsAvx2Of<k + 2>...};
+}
+// Entry buckets - 2: the loop for 2 .. kMaxSplitBuckets buckets.
+constexpr auto kGatherAvx2 = GatherAvx2Table(std::make_index_sequence<kMaxSplitBuckets - 1>());
 CKPTFS_TARGET_AVX2 void ScatterBucketsAvx2(const PlaneSplit& split,
                                            std::array<const uint8_t*, kMaxSplitBuckets> at,
                                            size_t elements, uint8_t* __restrict plane) {
@@ -1162,16 +1173,30 @@ bool UseVbmi2() {
   return false;
 #endif
 }
+// Where GatherBuckets puts each bucket's bytes in its output: in order, kGatherGap bytes apart
+// (the vector loops store past a bucket's end). The output needs GatheredBytes(split, elements).
+constexpr size_t kGatherGap = 8;
+std::array<size_t, kMaxSplitBuckets> GatheredStarts(const PlaneSplit& split) {
+  std::array<size_t, kMaxSplitBuckets> starts{};
+  for (size_t b = 1; b < split.buckets; ++b) {
+    starts[b] = starts[b - 1] + split.counts[b - 1] + kGatherGap;
+  }
+  return starts;
+}
+size_t GatheredBytes(const PlaneSplit& split, size_t elements) {
+  return elements + split.buckets * kGatherGap + 64;
+}
 void GatherBuckets(const PlaneSplit& split, const uint8_t* __restrict plane, size_t elements,
                    uint8_t* __restrict out) {
+  const std::array<size_t, kMaxSplitBuckets> starts = GatheredStarts(split);
+  std::array<uint8_t*, kMaxSplitBuckets> to{};
+  for (size_t b = 0; b < split.buckets; ++b) to[b] = out + starts[b];
 #if defined(__x86_64__)
-  if (UseVbmi2()) return GatherBucketsVbmi2(split, plane, elements, out);
+  if (UseVbmi2()) return GatherBucketsVbmi2(split, plane, elements, to);
   if (CodecVectorLevelInUse() >= CodecVectorLevel::kAvx2) {
-    return GatherBucketsAvx2(split, plane, elements, out);
+    return kGatherAvx2[split.buckets - 2](split.bucket_of, plane, elements, to);
   }
 #endif
-  std::array<uint8_t*, kMaxSplitBuckets> to{};
-  for (size_t b = 0, at = 0; b < split.buckets; at += split.counts[b], ++b) to[b] = out + at;
   const uint8_t* __restrict bucket_of = split.bucket_of;
   for (size_t i = 0; i < elements; ++i) *to[bucket_of[i]]++ = plane[i];
 }
@@ -1589,11 +1614,12 @@ void PackSegments(const CodecSpec& spec, uint8_t width, Bytes planes, bool delta
       continue;
     }
     thread_local Buffer gathered;
-    gathered.Resize(elements + 64);
+    gathered.Resize(GatheredBytes(split, elements));
     GatherBuckets(split, reinterpret_cast<const uint8_t*>(plane.data()), elements,
                   reinterpret_cast<uint8_t*>(gathered.data()));
-    for (size_t b = 0, at = 0; b < split.buckets; at += split.counts[b], ++b) {
-      PutSegment(spec, gathered.bytes().subspan(at, split.counts[b]), delta, out);
+    const std::array<size_t, kMaxSplitBuckets> starts = GatheredStarts(split);
+    for (size_t b = 0; b < split.buckets; ++b) {
+      PutSegment(spec, gathered.bytes().subspan(starts[b], split.counts[b]), delta, out);
     }
   }
   // The tail (< width bytes) as it is.
