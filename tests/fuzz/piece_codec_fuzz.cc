@@ -17,6 +17,10 @@
 // the payload with some bytes changed, and for widths 2 and 4 also every element moved by a
 // small step (a delta the encoder may split by the base's magnitude: 16K elements and more).
 //
+// Vector level: the input's length % 3 caps the codec's loops at baseline, AVX2 or AVX-512 (no
+// wider than the CPU has), so that the loops a CPU without AVX-512 runs are fuzzed too; a saved
+// input reproduces with its level.
+//
 // Seeds: `CKPTFS_PIECE_SEEDS=DIR piece_codec_fuzz` writes records made by the current encoder
 // (with their headers) into DIR and exits (scripts/fuzz.sh does so at first use).
 // Built by scripts/fuzz.sh (clang, -fsanitize=fuzzer,address,undefined).
@@ -33,6 +37,7 @@
 #include "engine/codec/huffman.h"
 #include "engine/codec/piece_codec.h"
 #include "engine/codec/rans.h"
+#include "engine/codec/vector_level.h"
 
 namespace {
 
@@ -246,6 +251,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < kHeader) return 0;
+  ckptfs::CapCodecVectorLevelForTesting(static_cast<ckptfs::CodecVectorLevel>(size % 3));
   const Bytes payload(reinterpret_cast<const std::byte*>(data + kHeader), size - kHeader);
   Decode(data, payload);
   RoundTrip(data, payload);
