@@ -549,13 +549,20 @@ void CountBytes(const uint8_t* p, size_t n, uint32_t c[kCountTables][256]) {
   for (; i < n; ++i) ++c[0][p[i]];
 }
 
-// The histogram of p[0..n) into counts[256].
+// The tables of CountBytes summed into counts[256].
 void SumTables(const uint32_t c[kCountTables][256], uint32_t counts[256]) {
   for (int s = 0; s < 256; ++s) {
     uint32_t sum = 0;
     for (int k = 0; k < kCountTables; ++k) sum += c[k][s];
     counts[s] = sum;
   }
+}
+
+// The histogram of p[0..n) into counts[256], every byte counted (no zero skipping).
+void CountPlane(const uint8_t* p, size_t n, uint32_t counts[256]) {
+  uint32_t c[kCountTables][256] = {};
+  CountBytes(p, n, c);
+  SumTables(c, counts);
 }
 
 #if defined(__x86_64__)
@@ -587,20 +594,17 @@ __attribute__((target("avx512f,avx512bw,avx512vbmi2,bmi2"))) size_t CountBytesBu
 }  // namespace
 
 void ByteHistogram(Bytes in, uint32_t counts[256]) {
-  uint32_t c[kCountTables][256] = {};
   const auto* p = reinterpret_cast<const uint8_t*>(in.data());
-  size_t zeros = 0;
 #if defined(__x86_64__)
   if (CodecVectorLevelInUse() >= CodecVectorLevel::kAvx512 && CodecCpuHasAvx512Vbmi2()) {
-    zeros = CountBytesButZerosVbmi2(p, in.size(), c);
-  } else {
-    CountBytes(p, in.size(), c);
+    uint32_t c[kCountTables][256] = {};
+    const size_t zeros = CountBytesButZerosVbmi2(p, in.size(), c);
+    SumTables(c, counts);
+    counts[0] += static_cast<uint32_t>(zeros);
+    return;
   }
-#else
-  CountBytes(p, in.size(), c);
 #endif
-  SumTables(c, counts);
-  counts[0] += static_cast<uint32_t>(zeros);
+  CountPlane(p, in.size(), counts);
 }
 
 size_t SampleHistogram(Bytes in, uint32_t counts[256], size_t sample) {
@@ -661,9 +665,7 @@ size_t HuffmanEncodeTo(Bytes in, std::byte* dst_bytes, size_t capacity,
   const auto* p = reinterpret_cast<const uint8_t*>(in.data());
   uint32_t own[256];
   if (counts == nullptr) {  // counted whole: the planes coded here are seldom mostly zeros
-    uint32_t c[kCountTables][256] = {};
-    CountBytes(p, n, c);
-    SumTables(c, own);
+    CountPlane(p, n, own);
     counts = own;
   }
   Plan plan;

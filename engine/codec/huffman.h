@@ -47,8 +47,8 @@ bool HuffmanEncode(Bytes in, Buffer* out);
 
 // The same, written straight to dst (for example into a container being assembled): returns
 // the encoded size, or 0 (dst untouched) when it would not be smaller than `in` or not fit in
-// `capacity` bytes. `counts`: the histogram of `in`
-// (ByteHistogram), where the caller has it already; taken here otherwise.
+// `capacity` bytes. `counts`: the histogram of `in` (ByteHistogram), where the caller has it
+// already; taken here otherwise.
 size_t HuffmanEncodeTo(Bytes in, std::byte* dst, size_t capacity,
                        const uint32_t counts[256] = nullptr);
 
